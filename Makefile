@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make run` and `make test`.
+VENV := .venv
+PY := $(VENV)/bin/python
+SHELL := /bin/bash
+
+.PHONY: setup setup-runtime run model test check proto proto-check bench bench-smoke clean
+
+setup:           ## dev environment: runtime + tests, lint, proto tools (idempotent)
+	@scripts/setup.sh dev
+
+setup-runtime:   ## runtime environment only
+	@scripts/setup.sh runtime
+
+model: setup-runtime  ## train the embedded default model if models/ has none
+	@$(PY) -m training.default_model --model-repository models
+
+run: model       ## serve models/ on 127.0.0.1:50051, metrics on :9464
+	@scripts/serve.sh --model-repository models --host 127.0.0.1 --grpc-port 50051 --metrics-port 9464
+
+test: setup      ## the whole test suite (no network)
+	@$(PY) -m pytest -q
+
+check: setup proto-check  ## ruff + mypy
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check . || true
+	@$(VENV)/bin/mypy
+
+proto: setup     ## regenerate client/_gen from proto/
+	@$(PY) scripts/gen_proto.py
+
+proto-check: setup
+	@$(PY) scripts/gen_proto.py --check
+
+bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/results/)
+	@scripts/serve.sh --bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Light client for the embedding service (grpcio + numpy, no torch)."""

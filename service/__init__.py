@@ -1,0 +1,1 @@
+"""Input-embedding server: checkpoint in, gRPC out."""

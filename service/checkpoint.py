@@ -1,0 +1,323 @@
+"""The checkpoint format: the contract between the training job and the server.
+
+A model repository holds ``models/<model>/<version>/`` (version a positive integer)::
+
+    manifest.json            format, sizes, position kind, tokenizer spec, file hashes, provenance
+    embeddings.safetensors   token_embedding [table_rows, C]; position_embedding [max_seq_len, C]
+    tokenizer.tiktoken       the BPE ranks (no network, ever)
+    row_updates.safetensors  optional: token_row_updates [table_rows] int64
+    model.safetensors        optional: the rest of the trained LM
+
+Safetensors only: nothing here unpickles. Every file's sha256 is checked at load.
+Versions are written under a temporary name and renamed into place, so a reader never
+sees half a version. ``checkpoint_id`` is the sha256 of manifest.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from service.tokenizer import TokenizerSpec
+
+__all__ = [
+    "EMBEDDINGS_FILE",
+    "FORMAT",
+    "MANIFEST_FILE",
+    "MODEL_FILE",
+    "POSITION_KINDS",
+    "ROW_UPDATES_FILE",
+    "TOKENIZER_FILE",
+    "Checkpoint",
+    "CheckpointError",
+    "Manifest",
+    "list_versions",
+    "next_version",
+    "read_checkpoint",
+    "read_safetensors",
+    "verify_checkpoint",
+    "write_checkpoint",
+]
+
+FORMAT = "embedding-checkpoint/1"
+MANIFEST_FILE = "manifest.json"
+EMBEDDINGS_FILE = "embeddings.safetensors"
+TOKENIZER_FILE = "tokenizer.tiktoken"
+ROW_UPDATES_FILE = "row_updates.safetensors"
+MODEL_FILE = "model.safetensors"
+POSITION_KINDS = ("learned", "sinusoidal", "none")
+
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "F64": torch.float64}
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+class CheckpointError(Exception):
+    """A version directory that must not be served; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """manifest.json, validated."""
+
+    vocab_size: int  # tokenizer n_vocab: valid ids are 0..vocab_size-1
+    table_rows: int  # >= vocab_size (nanoGPT pads 50257 -> 50304)
+    dim: int  # C
+    max_seq_len: int  # rows of the position table / the context window
+    position: str  # learned | sinusoidal | none
+    dtype: str  # storage dtype of the tables
+    tokenizer: TokenizerSpec
+    files: dict[str, str] = field(default_factory=dict)  # name -> sha256
+    provenance: dict[str, Any] = field(default_factory=dict)
+    format: str = FORMAT
+
+    def to_json(self) -> bytes:
+        """Canonical bytes (sorted keys), so the same manifest always hashes the same."""
+        d = {"format": self.format, "vocab_size": self.vocab_size,
+             "table_rows": self.table_rows, "dim": self.dim, "max_seq_len": self.max_seq_len,
+             "position": self.position, "dtype": self.dtype,
+             "tokenizer": self.tokenizer.to_dict(), "files": dict(self.files),
+             "provenance": self.provenance}
+        return (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str = MANIFEST_FILE) -> Manifest:
+        """Parse and validate; CheckpointError names the field."""
+        try:
+            d = json.loads(data)
+            m = cls(vocab_size=int(d["vocab_size"]), table_rows=int(d["table_rows"]),
+                    dim=int(d["dim"]), max_seq_len=int(d["max_seq_len"]),
+                    position=str(d["position"]), dtype=str(d["dtype"]),
+                    tokenizer=TokenizerSpec.from_dict(d["tokenizer"]),
+                    files={str(k): str(v) for k, v in d["files"].items()},
+                    provenance=dict(d.get("provenance") or {}), format=str(d["format"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{where}: invalid manifest ({type(e).__name__}: {e})") from e
+        if m.format != FORMAT:
+            raise CheckpointError(f"{where}: format {m.format!r}, expected {FORMAT!r}")
+        if m.position not in POSITION_KINDS:
+            raise CheckpointError(f"{where}: position {m.position!r} not in {POSITION_KINDS}")
+        if not (0 < m.vocab_size <= m.table_rows) or m.dim <= 0 or m.max_seq_len <= 0:
+            raise CheckpointError(f"{where}: need 0 < vocab_size <= table_rows, dim > 0, "
+                                  f"max_seq_len > 0")
+        if m.dtype not in _DTYPE_NAMES.values():
+            raise CheckpointError(f"{where}: dtype {m.dtype!r} not supported")
+        for name in (EMBEDDINGS_FILE, m.tokenizer.file):
+            if name not in m.files:
+                raise CheckpointError(f"{where}: files has no entry for {name}")
+        return m
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One loaded, verified version. Tensors are read-only memory maps of the files."""
+
+    path: Path
+    manifest: Manifest
+    checkpoint_id: str  # sha256 of manifest.json
+    token_table: torch.Tensor  # (table_rows, C)
+    position_table: torch.Tensor | None  # (max_seq_len, C), only when position == "learned"
+    row_updates: torch.Tensor | None  # (table_rows,) int64: steps that touched each row
+
+    @property
+    def tokenizer_path(self) -> Path:
+        """The ranks file inside the version directory."""
+        return self.path / self.manifest.tokenizer.file
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Memory-map a safetensors file: no copy, no pickle; pages shared via the page cache.
+
+    The map is private copy-on-write (torch wants a writable buffer); nothing writes to it.
+    """
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise CheckpointError(f"{path.name}: too short for safetensors")
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > size - 8:
+            raise CheckpointError(f"{path.name}: header length {n} past end of file")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise CheckpointError(f"{path.name}: header is not JSON") from e
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > 8 + n else None
+    tensors: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _ST_DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise CheckpointError(f"{path.name}: {name} has unsupported dtype {info.get('dtype')}")
+        shape = [int(s) for s in info["shape"]]
+        begin, end = (int(o) for o in info["data_offsets"])
+        count = 1
+        for s in shape:
+            count *= s
+        if end - begin != count * dtype.itemsize or 8 + n + end > size:
+            raise CheckpointError(f"{path.name}: {name} offsets do not match its shape")
+        if count == 0 or mm is None:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+            continue
+        flat = torch.frombuffer(mm, dtype=dtype, count=count, offset=8 + n + begin)
+        tensors[name] = flat.view(shape)
+    return tensors
+
+
+def verify_checkpoint(version_dir: Path) -> tuple[Manifest, str]:
+    """Check the manifest and every listed file's sha256; return (manifest, checkpoint_id)."""
+    manifest_path = version_dir / MANIFEST_FILE
+    try:
+        raw = manifest_path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{manifest_path}: cannot read ({e.strerror})") from e
+    manifest = Manifest.from_json(raw, str(manifest_path))
+    for name, want in sorted(manifest.files.items()):
+        path = version_dir / name
+        if "/" in name or name.startswith(".") or not path.is_file():
+            raise CheckpointError(f"{path}: listed in the manifest but missing")
+        got = _sha256_file(path)
+        if got != want:
+            raise CheckpointError(f"{path}: sha256 {got[:16]}… does not match manifest "
+                                  f"{want[:16]}… (file changed or corrupt)")
+    return manifest, hashlib.sha256(raw).hexdigest()
+
+
+def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
+    """Load one version: verify hashes, then map the tables and check their shapes."""
+    version_dir = Path(version_dir)
+    if verify:
+        manifest, checkpoint_id = verify_checkpoint(version_dir)
+    else:
+        raw = (version_dir / MANIFEST_FILE).read_bytes()
+        manifest, checkpoint_id = Manifest.from_json(raw), hashlib.sha256(raw).hexdigest()
+    m = manifest
+    tensors = read_safetensors(version_dir / EMBEDDINGS_FILE)
+    token_table = tensors.get("token_embedding")
+    if token_table is None or tuple(token_table.shape) != (m.table_rows, m.dim):
+        got = None if token_table is None else tuple(token_table.shape)
+        raise CheckpointError(f"{EMBEDDINGS_FILE}: token_embedding shape {got}, "
+                              f"manifest says {(m.table_rows, m.dim)}")
+    position_table = tensors.get("position_embedding")
+    if m.position == "learned":
+        if position_table is None or tuple(position_table.shape) != (m.max_seq_len, m.dim):
+            got = None if position_table is None else tuple(position_table.shape)
+            raise CheckpointError(f"{EMBEDDINGS_FILE}: position_embedding shape {got}, "
+                                  f"manifest says {(m.max_seq_len, m.dim)}")
+    else:
+        position_table = None
+    row_updates = None
+    if ROW_UPDATES_FILE in m.files:
+        row_updates = read_safetensors(version_dir / ROW_UPDATES_FILE).get("token_row_updates")
+        if row_updates is None or tuple(row_updates.shape) != (m.table_rows,):
+            raise CheckpointError(f"{ROW_UPDATES_FILE}: token_row_updates must be [table_rows]")
+    return Checkpoint(version_dir, manifest, checkpoint_id, token_table, position_table,
+                      row_updates)
+
+
+def list_versions(model_dir: Path) -> list[int]:
+    """Positive integer version directories, ascending (temporary names are skipped)."""
+    if not model_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in model_dir.iterdir()
+                  if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+
+
+def next_version(model_dir: Path) -> int:
+    """One past the newest version (1 for a new model)."""
+    versions = list_versions(model_dir)
+    return versions[-1] + 1 if versions else 1
+
+
+def write_checkpoint(
+    version_dir: Path,
+    *,
+    token_table: torch.Tensor,
+    position: str,
+    max_seq_len: int,
+    vocab_size: int,
+    tokenizer_spec: TokenizerSpec,
+    tokenizer_ranks: Path,
+    position_table: torch.Tensor | None = None,
+    row_updates: torch.Tensor | None = None,
+    model_tensors: Mapping[str, torch.Tensor] | None = None,
+    provenance: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Write a complete version directory atomically (temp dir in the parent, then rename).
+
+    Raises FileExistsError if ``version_dir`` exists: versions are immutable.
+    """
+    from safetensors.torch import save_file  # the reference writer
+
+    version_dir = Path(version_dir)
+    if version_dir.exists():
+        raise FileExistsError(f"{version_dir} exists; versions are immutable")
+    if position not in POSITION_KINDS:
+        raise ValueError(f"position {position!r} not in {POSITION_KINDS}")
+    table_rows, dim = token_table.shape
+    if table_rows < vocab_size:
+        raise ValueError(f"token_table has {table_rows} rows < vocab_size {vocab_size}")
+    if (position == "learned") != (position_table is not None):
+        raise ValueError("position_table is required exactly when position == 'learned'")
+    if position_table is not None and tuple(position_table.shape) != (max_seq_len, dim):
+        raise ValueError(f"position_table shape {tuple(position_table.shape)} != "
+                         f"{(max_seq_len, dim)}")
+    dtype = _DTYPE_NAMES.get(token_table.dtype)
+    if dtype is None:
+        raise ValueError(f"token_table dtype {token_table.dtype} not supported")
+
+    version_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{version_dir.name}.tmp-", dir=version_dir.parent))
+    try:
+        tables = {"token_embedding": token_table.detach().contiguous().cpu()}
+        if position_table is not None:
+            tables["position_embedding"] = position_table.detach().to(token_table.dtype)
+            tables["position_embedding"] = tables["position_embedding"].contiguous().cpu()
+        save_file(tables, str(tmp / EMBEDDINGS_FILE), metadata={"format": FORMAT})
+        shutil.copyfile(tokenizer_ranks, tmp / tokenizer_spec.file)
+        if row_updates is not None:
+            counts = row_updates.detach().to(torch.int64).contiguous().cpu()
+            save_file({"token_row_updates": counts}, str(tmp / ROW_UPDATES_FILE))
+        if model_tensors:
+            rest = {k: v.detach().contiguous().cpu() for k, v in model_tensors.items()}
+            save_file(rest, str(tmp / MODEL_FILE))
+        files = {p.name: _sha256_file(p) for p in sorted(tmp.iterdir())}
+        spec = TokenizerSpec(file=tokenizer_spec.file, encoding=tokenizer_spec.encoding,
+                             pat_str=tokenizer_spec.pat_str,
+                             special_tokens=dict(tokenizer_spec.special_tokens),
+                             sha256=files[tokenizer_spec.file])
+        prov = {"created": datetime.now(UTC).isoformat(timespec="seconds"),
+                **dict(provenance or {})}
+        manifest = Manifest(vocab_size=vocab_size, table_rows=table_rows, dim=dim,
+                            max_seq_len=max_seq_len, position=position, dtype=dtype,
+                            tokenizer=spec, files=files, provenance=prov)
+        (tmp / MANIFEST_FILE).write_bytes(manifest.to_json())
+        for p in tmp.iterdir():  # durable before it becomes visible
+            with p.open("rb") as f:
+                os.fsync(f.fileno())
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, version_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest

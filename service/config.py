@@ -1,0 +1,114 @@
+"""Server configuration: one frozen dataclass, parsed once at start-up.
+
+Every flag has an ``EMBED_*`` environment fallback (``--grpc-port`` ↔ ``EMBED_GRPC_PORT``);
+a flag given on the command line wins. Nothing here reads the environment at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+__all__ = ["ServerConfig", "parse_config"]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server needs to know; defaults suit one CPU pod."""
+
+    # Root of models/<model>/<version>/ directories.
+    model_repository: Path = Path("models")
+    # Model served when a request leaves `model` empty; "" = the first name in sorted order.
+    default_model: str = ""
+    # Pin versions: "name=3,other=1"; unpinned models serve their newest valid version.
+    pin_versions: str = ""
+    # Loopback by default: exposing the port is a deployment decision.
+    host: str = "127.0.0.1"
+    # 0 picks a free port (tests); the chosen port is logged and exposed on the handle.
+    grpc_port: int = 50051
+    # Prometheus /metrics; 0 picks a free port, -1 disables.
+    metrics_port: int = 9464
+    # auto = cuda when torch sees a GPU, else cpu; or cpu, cuda, cuda:N.
+    device: str = "auto"
+    # Dtype the tables are held in on the device; the add is always fp32.
+    table_dtype: str = "float32"
+    # Token budget of one gather+add: bounds per-batch memory ([tokens, C] floats).
+    max_batch_tokens: int = 16384
+    # 0 = take what is queued now (TEI's default): no latency added at low load.
+    max_batch_delay_us: int = 0
+    # Tokens waiting for compute before new work gets RESOURCE_EXHAUSTED.
+    max_queue_tokens: int = 262144
+    # Per-request token cap (also bounded by each model's max_seq_len).
+    max_tokens_per_request: int = 8192
+    # Text longer than this (UTF-8 bytes) is refused before tokenizing.
+    max_text_bytes: int = 1 << 20
+    # gRPC send/receive cap; a response that would exceed it is RESOURCE_EXHAUSTED.
+    max_message_bytes: int = 64 << 20
+    # How often the repository is re-scanned for new versions; 0 disables hot reload.
+    poll_seconds: float = 5.0
+    # SIGTERM: NOT_SERVING at once, then in-flight requests get this long to finish.
+    shutdown_grace_seconds: float = 10.0
+    # TLS: cert+key enable TLS; a client CA additionally requires client certificates.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    # Shared secret for `authorization: Bearer <token>`; "" disables the check.
+    auth_token: str = ""
+    # json for log shippers, text for people.
+    log_format: str = "text"
+    # Tokenizer threads (tiktoken releases the GIL); 0 = one per core.
+    tokenize_threads: int = 0
+    # Pre-forked server processes sharing the port (SO_REUSEPORT) and the page cache.
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.table_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"table_dtype {self.table_dtype!r}: float32|bfloat16|float16")
+        if self.log_format not in ("json", "text"):
+            raise ValueError(f"log_format {self.log_format!r}: json|text")
+        if self.max_batch_tokens <= 0 or self.max_queue_tokens < self.max_batch_tokens:
+            raise ValueError("need 0 < max_batch_tokens <= max_queue_tokens")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.workers < 1:
+            raise ValueError("workers must be >= 1")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse_config(argv: Sequence[str] | None = None,
+                 environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """Flags, then ``EMBED_*`` environment variables, then the dataclass defaults."""
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog="python -m service",
+                                     description="Serve input embeddings over gRPC.")
+    defaults = ServerConfig()
+    for f in fields(ServerConfig):
+        default = getattr(defaults, f.name)
+        env_name = "EMBED_" + f.name.upper()
+        kind = type(default)
+        parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None,
+                            help=f"(env {env_name}; default {default!s})")
+    ns = parser.parse_args(argv)
+    values: dict[str, object] = {}
+    for f in fields(ServerConfig):
+        kind = type(getattr(defaults, f.name))
+        value = getattr(ns, f.name)
+        if value is None and ("EMBED_" + f.name.upper()) in env:
+            raw = env["EMBED_" + f.name.upper()]
+            try:
+                value = kind(raw)
+            except ValueError:
+                parser.error(f"EMBED_{f.name.upper()}={raw!r} is not a valid {kind.__name__}")
+        if value is not None:
+            values[f.name] = value
+    try:
+        return ServerConfig(**values)  # type: ignore[arg-type]
+    except ValueError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits

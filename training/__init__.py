@@ -1,0 +1,1 @@
+"""Offline training job that produces embedding checkpoints."""

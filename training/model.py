@@ -1,0 +1,185 @@
+"""The GPT trained by the offline job: token table + position encoding + transformer blocks.
+
+The two input tables are the product: ``wte`` (token table, ``[table_rows, C]``) and
+``wpe`` (position table, ``[block_size, C]``, only for ``position == "learned"``). The
+LM head is untied by default so that a token row only moves when that token is an input;
+tied, every row gets a gradient through the softmax on every step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["GPT", "POSITIONS", "ModelConfig", "rope_tables", "sinusoidal_table"]
+
+POSITIONS = ("learned", "sinusoidal", "none")  # "none" = RoPE inside attention
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the network."""
+
+    vocab_size: int = 50257  # tokenizer n_vocab: targets are always < vocab_size
+    table_rows: int = 50304  # rows of wte/lm_head, padded to a multiple of 64 for matmul speed
+    block_size: int = 128  # context window = rows of the position table
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128  # C
+    dropout: float = 0.0
+    position: str = "learned"
+    tie_weights: bool = False
+    sparse_embeddings: bool = False  # nn.Embedding(sparse=True): row-sparse table gradients
+
+    def __post_init__(self) -> None:
+        if self.position not in POSITIONS:
+            raise ValueError(f"position {self.position!r} not in {POSITIONS}")
+        if self.table_rows < self.vocab_size:
+            raise ValueError(f"table_rows {self.table_rows} < vocab_size {self.vocab_size}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} not divisible by n_head {self.n_head}")
+        if self.position == "none" and (self.n_embd // self.n_head) % 2:
+            raise ValueError("RoPE needs an even head dimension")
+        if self.tie_weights and self.sparse_embeddings:
+            raise ValueError("sparse_embeddings needs an untied head (tied rows are all dense)")
+
+
+def sinusoidal_table(max_seq_len: int, dim: int) -> torch.Tensor:
+    """Vaswani et al. 2017: PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(same)."""
+    pos = torch.arange(max_seq_len, dtype=torch.float64).unsqueeze(1)  # (T, 1)
+    inv = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (C/2,)
+    table = torch.zeros(max_seq_len, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv)  # (T, ceil(C/2))
+    table[:, 1::2] = torch.cos(pos * inv)[:, : dim // 2]  # (T, floor(C/2))
+    return table.float()
+
+
+def rope_tables(max_seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for rotary embeddings (Su et al.), each (T, head_dim / 2)."""
+    inv = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv)  # (T, hd/2)
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (B, H, T, hd/2) each
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, hd/2, 2)
+    return out.flatten(-2)  # (B, H, T, hd)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention through F.scaled_dot_product_attention."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.dropout = cfg.dropout
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> torch.Tensor:
+        """x: (B, T, C) -> (B, T, C)."""
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                   for t in (q, k, v))  # (B, H, T, hd)
+        if rope is not None:
+            cos, sin = rope[0][:T], rope[1][:T]  # (T, hd/2)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_drop(self.c_proj(y))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(),
+                                 nn.Linear(4 * cfg.n_embd, cfg.n_embd), nn.Dropout(cfg.dropout))
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+                ) -> torch.Tensor:
+        """x: (B, T, C) -> (B, T, C)."""
+        x = x + self.attn(self.ln_1(x), rope)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """A small GPT language model whose input tables are exported for serving."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        C = cfg.n_embd
+        self.wte = nn.Embedding(cfg.table_rows, C, sparse=cfg.sparse_embeddings)
+        self.wpe = (nn.Embedding(cfg.block_size, C, sparse=cfg.sparse_embeddings)
+                    if cfg.position == "learned" else None)
+        # Computed encodings are buffers, not parameters: nothing to learn or export.
+        self.register_buffer("sinusoid", sinusoidal_table(cfg.block_size, C)
+                             if cfg.position == "sinusoidal" else None, persistent=False)
+        cos_sin = rope_tables(cfg.block_size, C // cfg.n_head) if cfg.position == "none" else None
+        self.register_buffer("rope_cos", None if cos_sin is None else cos_sin[0],
+                             persistent=False)
+        self.register_buffer("rope_sin", None if cos_sin is None else cos_sin[1],
+                             persistent=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(C)
+        self.lm_head = nn.Linear(C, cfg.table_rows, bias=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight") or name.endswith("mlp.2.weight"):
+                # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer).
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        if cfg.tie_weights:
+            self.lm_head.weight = self.wte.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def embedding_parameters(self) -> list[nn.Parameter]:
+        """The input tables (token, and position when learned): no weight decay, maybe sparse."""
+        return [self.wte.weight] + ([self.wpe.weight] if self.wpe is not None else [])
+
+    def input_embeddings(self, idx: torch.Tensor) -> torch.Tensor:
+        """What the server computes: token_table[ids] + position_table[0..T-1]; (B, T, C)."""
+        T = idx.shape[1]
+        if T > self.cfg.block_size:
+            raise ValueError(f"T={T} > block_size {self.cfg.block_size}")
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))  # (B, T, C)
+        elif self.sinusoid is not None:
+            x = x + self.sinusoid[:T]  # (B, T, C)
+        return x
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx, targets: (B, T) int64 -> logits (B, T, table_rows), mean cross-entropy."""
+        x = self.drop(self.input_embeddings(idx))  # (B, T, C)
+        rope = None if self.rope_cos is None else (self.rope_cos, self.rope_sin)
+        for block in self.blocks:
+            x = block(x, rope)  # (B, T, C)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, table_rows)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        return logits, loss
