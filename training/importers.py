@@ -132,7 +132,7 @@ class _SafetensorsDir:
         index = self.dir / "model.safetensors.index.json"
         if (self.dir / "model.safetensors").is_file():
             with safe_open(str(self.dir / "model.safetensors"), framework="pt") as f:
-                self.weight_map = {name: "model.safetensors" for name in f.keys()}  # noqa: SIM118
+                self.weight_map = dict.fromkeys(f.keys(), "model.safetensors")
         elif index.is_file():
             self.weight_map = {str(k): str(v)
                                for k, v in json.loads(index.read_text())["weight_map"].items()}

@@ -1,0 +1,301 @@
+"""training.importers: real HF / nanoGPT saves in, real checkpoints out, read back bit for bit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from service.checkpoint import read_checkpoint
+from service.tokenizer import GPT2_PAT_STR, default_ranks_path, load_tokenizer
+from training.importers import main
+
+transformers = pytest.importorskip("transformers")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GPT2_VOCAB = 50257
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _gpt2_config(vocab_size: int = GPT2_VOCAB) -> Any:
+    return transformers.GPT2Config(vocab_size=vocab_size, n_embd=8, n_layer=1, n_head=2,
+                                   n_positions=64)
+
+
+@pytest.fixture(scope="module")
+def gpt2_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A tiny random GPT2Model saved as safetensors (names wte.weight / wpe.weight)."""
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(_gpt2_config()).eval()
+    out = tmp_path_factory.mktemp("hf-gpt2")
+    model.save_pretrained(out, safe_serialization=True)
+    return out, model
+
+
+@pytest.fixture(scope="module")
+def gpt2_lm_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A tiny GPT2LMHeadModel (transformer. prefix; lm_head tied and not saved)."""
+    torch.manual_seed(1)
+    model = transformers.GPT2LMHeadModel(_gpt2_config()).eval()
+    out = tmp_path_factory.mktemp("hf-gpt2-lm")
+    model.save_pretrained(out, safe_serialization=True)
+    return out, model
+
+
+def test_hf_gpt2_tables_bit_exact(gpt2_model: tuple[Path, Any], tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    src, model = gpt2_model
+    out = tmp_path / "models" / "gpt2" / "1"
+    assert main(["hf-gpt2", str(src), "--out", str(out)]) == 0
+    ckpt = read_checkpoint(out)
+    assert torch.equal(ckpt.token_table, model.wte.weight.detach())
+    assert ckpt.position_table is not None
+    assert torch.equal(ckpt.position_table, model.wpe.weight.detach())
+    m = ckpt.manifest
+    assert (m.vocab_size, m.table_rows, m.dim, m.max_seq_len, m.position, m.dtype) == (
+        50257, 50257, 8, 64, "learned", "float32")
+    assert m.tokenizer.encoding == "gpt2"
+    assert m.tokenizer.sha256 == _sha256(default_ranks_path())
+    prov = m.provenance
+    assert prov["source"] == "hf-gpt2"
+    assert prov["hf_config"]["n_embd"] == 8
+    assert prov["source_files"] == {"config.json": _sha256(src / "config.json"),
+                                    "model.safetensors": _sha256(src / "model.safetensors")}
+    assert prov["tensor_names"] == {"token_embedding": "wte.weight",
+                                    "position_embedding": "wpe.weight"}
+    assert f"checkpoint_id={ckpt.checkpoint_id}" in capsys.readouterr().out
+
+
+def test_hf_gpt2_matches_hidden_states_zero(gpt2_model: tuple[Path, Any],
+                                            tmp_path: Path) -> None:
+    """The imported tables reproduce HF's own input embedding, with a position offset."""
+    src, model = gpt2_model
+    out = tmp_path / "gpt2" / "1"
+    assert main(["hf-gpt2", str(src), "--out", str(out)]) == 0
+    ckpt = read_checkpoint(out)
+    assert ckpt.position_table is not None
+    ids = torch.tensor([[31373, 995, 50256, 0]])
+    pos = torch.arange(5, 9).unsqueeze(0)
+    with torch.no_grad():
+        hf = model(input_ids=ids, position_ids=pos, output_hidden_states=True).hidden_states[0]
+    ours = ckpt.token_table[ids[0]] + ckpt.position_table[pos[0]]  # (T, C)
+    assert torch.equal(ours, hf[0])
+
+
+def test_hf_gpt2_lm_head_model(gpt2_lm_model: tuple[Path, Any], tmp_path: Path) -> None:
+    src, model = gpt2_lm_model
+    from safetensors import safe_open
+    with safe_open(str(src / "model.safetensors"), framework="pt") as f:
+        saved = set(f.keys())
+    assert "transformer.wte.weight" in saved
+    assert "lm_head.weight" not in saved  # tied: the importer must not need it
+    out = tmp_path / "gpt2-lm" / "3"
+    assert main(["hf-gpt2", str(src), "--out", str(out)]) == 0
+    ckpt = read_checkpoint(out)
+    assert torch.equal(ckpt.token_table, model.transformer.wte.weight.detach())
+    assert ckpt.position_table is not None
+    assert torch.equal(ckpt.position_table, model.transformer.wpe.weight.detach())
+    assert ckpt.manifest.provenance["tensor_names"]["token_embedding"] == "transformer.wte.weight"
+
+
+def test_hf_gpt2_sharded(tmp_path: Path) -> None:
+    torch.manual_seed(2)
+    model = transformers.GPT2LMHeadModel(_gpt2_config()).eval()
+    src = tmp_path / "sharded"
+    model.save_pretrained(src, safe_serialization=True, max_shard_size="1MB")
+    assert (src / "model.safetensors.index.json").is_file()
+    assert not (src / "model.safetensors").exists()
+    out = tmp_path / "m" / "1"
+    assert main(["hf-gpt2", str(src), "--out", str(out)]) == 0
+    ckpt = read_checkpoint(out)
+    assert torch.equal(ckpt.token_table, model.transformer.wte.weight.detach())
+    weight_map = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = weight_map["transformer.wte.weight"]
+    assert shard in ckpt.manifest.provenance["source_files"]
+
+
+def test_hf_gpt2_dtype_cast(gpt2_model: tuple[Path, Any], tmp_path: Path) -> None:
+    src, model = gpt2_model
+    out = tmp_path / "half" / "1"
+    assert main(["hf-gpt2", str(src), "--out", str(out), "--dtype", "float16"]) == 0
+    ckpt = read_checkpoint(out)
+    assert ckpt.manifest.dtype == "float16"
+    assert torch.equal(ckpt.token_table, model.wte.weight.detach().half())
+
+
+def test_name_map_check_writes_nothing(gpt2_lm_model: tuple[Path, Any], tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    src, _ = gpt2_lm_model
+    out = tmp_path / "x" / "1"
+    assert main(["hf-gpt2", str(src), "--out", str(out), "--name-map-check"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "transformer.wte.weight -> token_embedding [50257, 8] float32",
+        "transformer.wpe.weight -> position_embedding [64, 8] float32"]
+    assert not out.parent.exists()
+
+
+def _fake_hf_dir(path: Path, tensors: dict[str, torch.Tensor], vocab_size: int = GPT2_VOCAB,
+                 ) -> Path:
+    path.mkdir()
+    _gpt2_config(vocab_size).save_pretrained(path)
+    save_file(tensors, str(path / "model.safetensors"))
+    return path
+
+
+def test_missing_tensor_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _fake_hf_dir(tmp_path / "src", {"wte.weight": torch.zeros(GPT2_VOCAB, 8)})
+    assert main(["hf-gpt2", str(src), "--out", str(tmp_path / "m" / "1")]) == 2
+    err = capsys.readouterr().err
+    assert "no tensor for position_embedding" in err
+    assert "'wpe.weight', 'transformer.wpe.weight'" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_shape_mismatch_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _fake_hf_dir(tmp_path / "src", {"wte.weight": torch.zeros(GPT2_VOCAB, 8),
+                                          "wpe.weight": torch.zeros(32, 8)})
+    assert main(["hf-gpt2", str(src), "--out", str(tmp_path / "m" / "1")]) == 2
+    err = capsys.readouterr().err
+    assert "wpe.weight has shape (32, 8), expected (64, 8) = [n_positions, n_embd]" in err
+
+
+def test_vocab_smaller_than_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _fake_hf_dir(tmp_path / "src", {"wte.weight": torch.zeros(1000, 8),
+                                          "wpe.weight": torch.zeros(64, 8)}, vocab_size=1000)
+    assert main(["hf-gpt2", str(src), "--out", str(tmp_path / "m" / "1")]) == 2
+    err = capsys.readouterr().err
+    assert "wte.weight: 1000 rows < the tokenizer's n_vocab 50257" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_existing_version_refused(gpt2_model: tuple[Path, Any], tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    src, _ = gpt2_model
+    out = tmp_path / "m" / "1"
+    out.mkdir(parents=True)
+    assert main(["hf-gpt2", str(src), "--out", str(out)]) == 2
+    assert "versions are immutable" in capsys.readouterr().err
+    assert main(["hf-gpt2", str(src), "--out", str(tmp_path / "m" / "latest")]) == 2
+    assert "version a positive integer" in capsys.readouterr().err
+
+
+def test_module_entry_point(gpt2_model: tuple[Path, Any]) -> None:
+    src, _ = gpt2_model
+    proc = subprocess.run([sys.executable, "-m", "training.importers", "hf-gpt2", str(src),
+                           "--out", "unused/1", "--name-map-check"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "wte.weight -> token_embedding [50257, 8] float32"
+
+
+# --- hf-llama ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("cls_name", "tensor_name"), [
+    ("LlamaForCausalLM", "model.embed_tokens.weight"), ("LlamaModel", "embed_tokens.weight")])
+def test_hf_llama(cls_name: str, tensor_name: str, tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    config = transformers.LlamaConfig(vocab_size=GPT2_VOCAB, hidden_size=8,
+                                      intermediate_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2,
+                                      max_position_embeddings=64)
+    model = getattr(transformers, cls_name)(config).eval()
+    src = tmp_path / "llama"
+    model.save_pretrained(src, safe_serialization=True)
+    out = tmp_path / "models" / "llama" / "1"
+    special = json.dumps({"<|endoftext|>": 50256})
+    assert main(["hf-llama", str(src), "--out", str(out), "--tokenizer",
+                 str(default_ranks_path()), "--pat-str", GPT2_PAT_STR,
+                 "--special-tokens", special, "--encoding", "gpt2-ranks"]) == 0
+    ckpt = read_checkpoint(out)
+    assert torch.equal(ckpt.token_table, model.get_input_embeddings().weight.detach())
+    assert ckpt.position_table is None
+    m = ckpt.manifest
+    assert (m.vocab_size, m.table_rows, m.dim, m.max_seq_len, m.position) == (
+        50257, 50257, 8, 64, "none")
+    assert m.provenance["tensor_names"] == {"token_embedding": tensor_name}
+    assert m.tokenizer.special_tokens == {"<|endoftext|>": 50256}
+    tok = load_tokenizer(m.tokenizer, ckpt.tokenizer_path)
+    assert tok.encode("hello world") == [31373, 995]
+    assert tok.encode("<|endoftext|>", allow_special_tokens=True) == [50256]
+
+
+def test_hf_llama_bad_special_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    transformers.LlamaConfig(vocab_size=GPT2_VOCAB, hidden_size=8,
+                              num_attention_heads=2).save_pretrained(src)
+    save_file({"embed_tokens.weight": torch.zeros(GPT2_VOCAB, 8)}, str(src / "model.safetensors"))
+    assert main(["hf-llama", str(src), "--out", str(tmp_path / "m" / "1"), "--tokenizer",
+                 str(default_ranks_path()), "--special-tokens", "[1, 2]"]) == 2
+    assert "--special-tokens: need a JSON object" in capsys.readouterr().err
+
+
+# --- nanoGPT -----------------------------------------------------------------------------
+
+def _nanogpt_ckpt(path: Path) -> dict[str, torch.Tensor]:
+    """What nanoGPT's train.py saves after torch.compile: _orig_mod. prefixes, tied lm_head."""
+    torch.manual_seed(4)
+    wte = torch.randn(50304, 8)  # padded from 50257 to a multiple of 64
+    state = {"transformer.wte.weight": wte, "transformer.wpe.weight": torch.randn(16, 8),
+             "transformer.h.0.attn.c_attn.weight": torch.randn(24, 8),
+             "transformer.ln_f.weight": torch.ones(8), "lm_head.weight": wte}
+    model_args = {"n_layer": 1, "n_head": 2, "n_embd": 8, "block_size": 16, "bias": False,
+                  "vocab_size": 50304, "dropout": 0.0}
+    config = {"out_dir": "out", "dataset": "openwebtext", "learning_rate": 6e-4,
+              "compile": True, "max_iters": 5000}
+    torch.save({"model": {f"_orig_mod.{k}": v for k, v in state.items()},
+                "optimizer": {"state": {}, "param_groups": [{"lr": 6e-4}]},
+                "model_args": model_args, "iter_num": 2000,
+                "best_val_loss": torch.tensor(2.875), "config": config}, path)
+    return state
+
+
+def test_nanogpt(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.pt"
+    state = _nanogpt_ckpt(path)
+    out = tmp_path / "models" / "nano" / "1"
+    assert main(["nanogpt", str(path), "--out", str(out)]) == 0
+    ckpt = read_checkpoint(out)
+    assert torch.equal(ckpt.token_table, state["transformer.wte.weight"])
+    assert ckpt.position_table is not None
+    assert torch.equal(ckpt.position_table, state["transformer.wpe.weight"])
+    m = ckpt.manifest
+    assert (m.vocab_size, m.table_rows, m.dim, m.max_seq_len) == (50257, 50304, 8, 16)
+    prov = m.provenance
+    assert (prov["source"], prov["step"], prov["val_loss"]) == ("nanogpt", 2000, 2.875)
+    assert prov["model_args"]["block_size"] == 16
+    assert prov["train_config"]["dataset"] == "openwebtext"
+    assert prov["source_files"] == {"ckpt.pt": _sha256(path)}
+    assert prov["tensor_names"]["token_embedding"] == "transformer.wte.weight"
+
+
+class _NotAllowed:
+    """An arbitrary class: weights_only=True must refuse to unpickle it."""
+
+
+def test_nanogpt_refuses_pickled_objects(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "model_args": {}, "payload": _NotAllowed()}, path)
+    assert main(["nanogpt", str(path), "--out", str(tmp_path / "m" / "1")]) == 2
+    assert "cannot load with weights_only=True" in capsys.readouterr().err
+
+
+def test_nanogpt_shape_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": {"transformer.wte.weight": torch.zeros(50304, 8),
+                          "transformer.wpe.weight": torch.zeros(16, 8)},
+                "model_args": {"n_embd": 8, "block_size": 32, "vocab_size": 50304}}, path)
+    assert main(["nanogpt", str(path), "--out", str(tmp_path / "m" / "1")]) == 2
+    assert ("transformer.wpe.weight has shape (16, 8), expected (32, 8) = "
+            "[block_size, n_embd] from model_args") in capsys.readouterr().err
