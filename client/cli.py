@@ -1,0 +1,188 @@
+"""``embedctl``: the embedding service from a shell.
+
+    embedctl embed "hello world"              # shape, ids, a preview of the rows, timing
+    embedctl embed --ids 1,2,3 --out x.npy    # save the (T, C) array with np.save
+    embedctl tokenize "hello world"
+    embedctl detokenize 31373,995
+    embedctl info [--model NAME]
+    embedctl models
+
+Failures print one line, ``embedctl: <what happened>``, to stderr and exit 1; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from client.client import DEFAULT_TARGET, EmbeddingClient
+from client.codec import COMPOSE, DTYPES, TRUNCATE, Embedding, EmbeddingError
+
+__all__ = ["build_parser", "format_embedding", "main"]
+
+PREVIEW_ROWS = 4
+PREVIEW_COLS = 6
+
+
+def _ids(value: str) -> list[int]:
+    try:
+        return [int(x) for x in value.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of "
+                                         f"integers") from None
+
+
+def _token_text(token: bytes) -> str:
+    # A BPE token may be a partial UTF-8 sequence: show those as bytes, not as U+FFFD.
+    try:
+        return repr(token.decode("utf-8"))
+    except UnicodeDecodeError:
+        return repr(token)
+
+
+def _us(ns: int) -> str:
+    return f"{ns / 1000:.0f} µs"
+
+
+def format_embedding(e: Embedding) -> list[str]:
+    """The lines ``embedctl embed`` prints: shape, identity, ids, a preview, timing."""
+    rows, cols = e.array.shape
+    widened = ""
+    if e.wire_dtype == "bfloat16" and e.array.dtype == np.float32:
+        widened = " (widened to float32)"
+    lines = [f"shape ({rows}, {cols})  dtype {e.wire_dtype}{widened}",
+             f"model {e.model}  version {e.version}  checkpoint {e.checkpoint_id[:12]}",
+             f"token_ids {e.token_ids}",
+             f"start_position {e.start_position}  truncated_tokens {e.truncated_tokens}  "
+             f"untrained_token_indices {e.untrained_token_indices}"]
+    for i in range(min(rows, PREVIEW_ROWS)):
+        values = " ".join(f"{float(v):+.4f}" for v in e.array[i, :PREVIEW_COLS])
+        more = f" … ({cols} cols)" if cols > PREVIEW_COLS else ""
+        lines.append(f"[{i}] {values}{more}")
+    if rows > PREVIEW_ROWS:
+        lines.append(f"… ({rows - PREVIEW_ROWS} more rows)")
+    t = e.timing
+    lines.append(f"timing  queue {_us(t.queue_ns)}  tokenize {_us(t.tokenize_ns)}  "
+                 f"compute {_us(t.compute_ns)}  total {_us(t.total_ns)}")
+    return lines
+
+
+def _embed(client: EmbeddingClient, args: argparse.Namespace) -> None:
+    if (args.text is None) == (args.ids is None):
+        raise SystemExit("embedctl: embed needs TEXT or --ids (not both)")
+    e = client.embed(args.text, args.ids, model=args.model, version=args.version,
+                     start_position=args.start_position, compose=args.compose,
+                     dtype=args.dtype, truncate=args.truncate,
+                     allow_special_tokens=args.allow_special_tokens)
+    print("\n".join(format_embedding(e)))
+    if args.out:
+        try:
+            np.save(args.out, e.array)
+        except OSError as err:
+            raise SystemExit(f"embedctl: cannot write {args.out}: {err.strerror}") from None
+        print(f"saved {args.out}")
+
+
+def _tokenize(client: EmbeddingClient, args: argparse.Namespace) -> None:
+    ids, tokens = client.tokenize(args.text, model=args.model, version=args.version,
+                                  allow_special_tokens=args.allow_special_tokens)
+    print(f"{len(ids)} tokens")
+    for i, tok in zip(ids, tokens):
+        print(f"{i:>6}  {_token_text(tok)}")
+
+
+def _detokenize(client: EmbeddingClient, args: argparse.Namespace) -> None:
+    print(client.detokenize(args.ids, model=args.model, version=args.version))
+
+
+def _info(client: EmbeddingClient, args: argparse.Namespace) -> None:
+    m = client.model_info(args.model, args.version)
+    print(f"model {m.model}  version {m.version}{'  (default)' if m.is_default else ''}")
+    print(f"checkpoint_id {m.checkpoint_id}")
+    print(f"vocab_size {m.vocab_size}  table_rows {m.table_rows}  dim {m.dim}  "
+          f"max_seq_len {m.max_seq_len}  position {m.position}")
+    print(f"storage_dtype {m.storage_dtype}  device {m.device}")
+    print(f"tokenizer {m.tokenizer.encoding}  {m.tokenizer.file}  sha256 {m.tokenizer.sha256}")
+    print(f"limits  max_tokens_per_request {m.max_tokens_per_request}  "
+          f"max_text_bytes {m.max_text_bytes}  max_message_bytes {m.max_message_bytes}")
+    rows = f"{m.untrained_rows} untrained rows" if m.has_row_updates else "no row statistics"
+    print(f"row_updates: {rows}")
+    print(f"provenance {m.provenance_json}")
+
+
+def _models(client: EmbeddingClient, args: argparse.Namespace) -> None:
+    for m in client.list_models():
+        print(f"{m.model}  v{m.version}{'  default' if m.is_default else ''}  "
+              f"C={m.dim}  vocab_size={m.vocab_size}  max_seq_len={m.max_seq_len}  "
+              f"position={m.position}  checkpoint {m.checkpoint_id[:12]}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The embedctl argument parser."""
+    p = argparse.ArgumentParser(prog="embedctl", description="Talk to the embedding service.")
+    p.add_argument("--target", default=os.environ.get("EMBED_TARGET", DEFAULT_TARGET),
+                   help="host:port (env EMBED_TARGET; default %(default)s)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
+    p.add_argument("--token", default=os.environ.get("EMBED_TOKEN"),
+                   help="bearer token (env EMBED_TOKEN)")
+    p.add_argument("--tls", action="store_true", help="TLS with the system roots")
+    p.add_argument("--tls-ca", help="PEM file of the root certificates to trust")
+    p.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
+    p.add_argument("--tls-key", help="PEM client key (mutual TLS)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def command(name: str, run: Callable[[EmbeddingClient, argparse.Namespace], None],
+                help_: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("--model", default="", help="model name (default: the server's)")
+        c.add_argument("--version", type=int, default=0, help="0 = newest")
+        c.set_defaults(run=run)
+        return c
+
+    e = command("embed", _embed, "embed TEXT (or --ids) and show the (T, C) array")
+    e.add_argument("text", nargs="?")
+    e.add_argument("--ids", type=_ids, help="comma-separated token ids instead of TEXT")
+    e.add_argument("--start-position", type=int, default=0)
+    e.add_argument("--compose", choices=list(COMPOSE), default="token+position")
+    e.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    e.add_argument("--truncate", choices=list(TRUNCATE), default="none")
+    e.add_argument("--allow-special-tokens", action="store_true")
+    e.add_argument("--out", help="save the array here with np.save (.npy)")
+    t = command("tokenize", _tokenize, "text -> token ids and token strings")
+    t.add_argument("text")
+    t.add_argument("--allow-special-tokens", action="store_true")
+    d = command("detokenize", _detokenize, "comma-separated token ids -> text")
+    d.add_argument("ids", type=_ids)
+    command("info", _info, "one model's tables, tokenizer and limits")
+    command("models", _models, "every loaded model version")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run embedctl; returns the exit status (0 ok, 1 failed, 2 bad usage)."""
+    args = build_parser().parse_args(argv)
+    try:
+        with EmbeddingClient(args.target, timeout=args.timeout, token=args.token,
+                             tls=args.tls, root_certificates=args.tls_ca,
+                             client_certificate=args.tls_cert,
+                             client_key=args.tls_key) as client:
+            args.run(client, args)
+    except EmbeddingError as err:
+        msg = (f"server not reachable at {args.target}" if err.unreachable
+               else f"{err.code.name}: {err.details}")
+        print(f"embedctl: {msg}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as err:  # unreadable TLS files, bad option values
+        print(f"embedctl: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
