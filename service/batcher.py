@@ -1,0 +1,185 @@
+"""Dynamic batching: concurrent requests from every RPC share one gather+add.
+
+Requests queue as ``Job``s. One loop task takes what is queued (optionally waiting
+``max_batch_delay_us`` for more), up to ``max_batch_tokens``, drops jobs whose deadline
+passed or whose caller went away, and runs the batch on the compute thread: per group of
+(model, compose, dtype), one concatenation of ids, one lookup, then each job's rows are
+encoded into its response bytes before the reused output buffer is touched again.
+Lookups are elementwise, so a job's rows are bit-identical however it was batched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from service.errors import DeadlineExceeded, ResourceExhausted
+from service.tables import EmbeddingTables
+
+__all__ = ["BatchStats", "Batcher", "Job"]
+
+
+@dataclass
+class BatchStats:
+    """What one batch cost, handed to each job's encoder (for timing fields and metrics)."""
+
+    queue_ns: int  # this job's wait from submit to the batch starting
+    compute_ns: int  # the batch's lookup time
+    batch_tokens: int
+    batch_requests: int
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's lookup: rows for (ids[i], positions[i]), encoded by ``encode``."""
+
+    tables: EmbeddingTables
+    ids: torch.Tensor  # (N,) int64, validated
+    positions: torch.Tensor  # (N,) int64, validated
+    compose: int
+    dtype: torch.dtype
+    encode: Callable[[torch.Tensor, BatchStats], bytes]  # rows (N, C) -> response bytes
+    deadline: float | None = None  # time.monotonic() seconds; None = no deadline
+    future: asyncio.Future[bytes] = field(init=False)
+    enqueued_ns: int = field(init=False, default=0)
+
+    @property
+    def tokens(self) -> int:
+        """Rows this job needs."""
+        return int(self.ids.shape[0])
+
+
+class Batcher:
+    """Token-budgeted dynamic batcher with a bounded queue; one compute thread."""
+
+    def __init__(self, max_batch_tokens: int, max_batch_delay_us: int, max_queue_tokens: int,
+                 on_batch: Callable[[int, int, float, str], None] | None = None) -> None:
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_delay_s = max_batch_delay_us / 1e6
+        self.max_queue_tokens = max_queue_tokens
+        self._on_batch = on_batch  # (tokens, requests, seconds, device) for metrics
+        self._queue: deque[Job] = deque()
+        self.queued_tokens = 0
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        # One thread: torch ops release the GIL, and a single thread keeps the reused
+        # output buffers race-free and batches in submission order.
+        self._compute = ThreadPoolExecutor(1, thread_name_prefix="embed-compute")
+
+    def start(self) -> None:
+        """Start the batching loop on the running event loop."""
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+
+    async def close(self) -> None:
+        """Stop the loop; queued jobs fail with UNAVAILABLE-free cancellation."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for job in self._queue:
+            if not job.future.done():
+                job.future.cancel()
+        self._queue.clear()
+        self._compute.shutdown(wait=True)
+
+    async def submit(self, job: Job) -> bytes:
+        """Queue a job and wait for its encoded response."""
+        if self.queued_tokens + job.tokens > self.max_queue_tokens:
+            raise ResourceExhausted(
+                f"queue holds {self.queued_tokens} tokens; this request's {job.tokens} would "
+                f"exceed max_queue_tokens={self.max_queue_tokens}; retry later")
+        if job.deadline is not None and time.monotonic() >= job.deadline:
+            raise DeadlineExceeded("deadline passed before compute; no work was done")
+        job.future = asyncio.get_running_loop().create_future()
+        job.enqueued_ns = time.perf_counter_ns()
+        self._queue.append(job)
+        self.queued_tokens += job.tokens
+        assert self._wakeup is not None, "Batcher.start() was not called"
+        self._wakeup.set()
+        return await job.future
+
+    def _take(self) -> list[Job]:
+        batch: list[Job] = []
+        tokens = 0
+        now = time.monotonic()
+        while self._queue:
+            job = self._queue[0]
+            # A job larger than the budget still runs, alone: requests are bounded elsewhere.
+            if batch and tokens + job.tokens > self.max_batch_tokens:
+                break
+            self._queue.popleft()
+            self.queued_tokens -= job.tokens
+            if job.future.done():  # the caller cancelled (client went away)
+                continue
+            if job.deadline is not None and now >= job.deadline:
+                job.future.set_exception(
+                    DeadlineExceeded("deadline passed while queued; no work was done"))
+                continue
+            batch.append(job)
+            tokens += job.tokens
+        return batch
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            if self.max_batch_delay_s > 0 and self.queued_tokens < self.max_batch_tokens:
+                await asyncio.sleep(self.max_batch_delay_s)
+            batch = self._take()
+            if not batch:
+                continue
+            try:
+                results = await loop.run_in_executor(self._compute, self._compute_batch, batch)
+            except Exception as e:  # a bug, not bad input: fail this batch, keep serving
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(e)
+                continue
+            for job, result in zip(batch, results):
+                if job.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result(result)
+
+    def _compute_batch(self, batch: list[Job]) -> list[bytes | BaseException]:
+        start_ns = time.perf_counter_ns()
+        groups: dict[tuple[int, int, torch.dtype], list[int]] = {}
+        for i, job in enumerate(batch):
+            groups.setdefault((id(job.tables), job.compose, job.dtype), []).append(i)
+        results: list[bytes | BaseException] = [b""] * len(batch)
+        total = sum(job.tokens for job in batch)
+        for members in groups.values():
+            jobs = [batch[i] for i in members]
+            ids = jobs[0].ids if len(jobs) == 1 else torch.cat([j.ids for j in jobs])  # (N,)
+            pos = (jobs[0].positions if len(jobs) == 1
+                   else torch.cat([j.positions for j in jobs]))  # (N,)
+            t0 = time.perf_counter_ns()
+            rows = jobs[0].tables.lookup(ids, pos, jobs[0].compose, jobs[0].dtype)  # (N, C)
+            compute_ns = time.perf_counter_ns() - t0
+            offset = 0
+            for i, job in zip(members, jobs):
+                stats = BatchStats(queue_ns=start_ns - job.enqueued_ns, compute_ns=compute_ns,
+                                   batch_tokens=total, batch_requests=len(batch))
+                try:
+                    results[i] = job.encode(rows[offset: offset + job.tokens], stats)
+                except Exception as e:  # one bad encode must not fail its batch-mates
+                    results[i] = e
+                offset += job.tokens
+        if self._on_batch is not None:
+            seconds = (time.perf_counter_ns() - start_ns) / 1e9
+            self._on_batch(total, len(batch), seconds, batch[0].tables.device.type)
+        return results

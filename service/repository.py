@@ -1,0 +1,165 @@
+"""The model repository: which versions are loaded, and hot reload.
+
+``models/<model>/<version>/``: each model serves its newest valid version (or a pinned
+one). A version that fails verification is refused with one clear log line, remembered
+(by path and mtime) so it is not retried every poll, and the version already loaded keeps
+serving. Swaps are a single dict assignment, so a request sees either the old or the new
+version, never half of each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from service.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
+from service.errors import NotFound, Unavailable
+from service.tables import EmbeddingTables, sinusoidal_table
+from service.tokenizer import Tokenizer, load_tokenizer
+
+__all__ = ["LoadedModel", "Repository", "load_model", "parse_pins"]
+
+log = logging.getLogger("service.repository")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """One served model version: tables on the device, its tokenizer, its statistics."""
+
+    name: str
+    version: int
+    checkpoint: Checkpoint
+    tokenizer: Tokenizer
+    tables: EmbeddingTables
+    untrained: torch.Tensor | None  # (table_rows,) bool: never updated in training
+
+    @property
+    def checkpoint_id(self) -> str:
+        """sha256 of manifest.json."""
+        return self.checkpoint.checkpoint_id
+
+
+def load_model(name: str, version_dir: Path, device: torch.device,
+               table_dtype: torch.dtype) -> LoadedModel:
+    """Verify and load one version directory (CheckpointError/ValueError when invalid)."""
+    ckpt = read_checkpoint(version_dir)
+    m = ckpt.manifest
+    tokenizer = load_tokenizer(m.tokenizer, ckpt.tokenizer_path)
+    if tokenizer.n_vocab != m.vocab_size:
+        raise CheckpointError(f"{version_dir}: tokenizer has {tokenizer.n_vocab} tokens, "
+                              f"manifest vocab_size is {m.vocab_size}")
+    position_table = ckpt.position_table
+    if m.position == "sinusoidal":
+        position_table = sinusoidal_table(m.max_seq_len, m.dim)  # (max_seq_len, C)
+    tables = EmbeddingTables(ckpt.token_table, position_table, device, table_dtype)
+    untrained = None if ckpt.row_updates is None else ckpt.row_updates == 0  # (rows,)
+    return LoadedModel(name, int(version_dir.name), ckpt, tokenizer, tables, untrained)
+
+
+def parse_pins(spec: str) -> dict[str, int]:
+    """``"a=3,b=1"`` → {"a": 3, "b": 1}."""
+    pins: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, version = part.partition("=")
+        if not version.isdigit() or int(version) < 1:
+            raise ValueError(f"pin_versions: {part!r} is not name=<positive version>")
+        pins[name] = int(version)
+    return pins
+
+
+class Repository:
+    """Loaded models by name; ``refresh`` (re)scans the directory."""
+
+    def __init__(self, root: Path, device: torch.device, table_dtype: torch.dtype,
+                 default_model: str = "", pins: dict[str, int] | None = None,
+                 on_load: Callable[[str, int, str], None] | None = None) -> None:
+        self.root = Path(root)
+        self.device = device
+        self.table_dtype = table_dtype
+        self._default = default_model
+        self._pins = dict(pins or {})
+        self._on_load = on_load  # (model, version, "ok"|"error") for metrics
+        self._models: dict[str, LoadedModel] = {}
+        self._refused: dict[Path, float] = {}  # version dir -> mtime when it was refused
+
+    @property
+    def models(self) -> dict[str, LoadedModel]:
+        """Snapshot of the loaded models (one per name)."""
+        return self._models
+
+    @property
+    def default_model(self) -> str:
+        """The configured default, else the first loaded name in sorted order."""
+        if self._default:
+            return self._default
+        return min(self._models) if self._models else ""
+
+    def get(self, model: str, version: int) -> LoadedModel:
+        """The loaded version asked for; "" and 0 mean default model and newest version."""
+        models = self._models
+        if not models:
+            raise Unavailable("no model is loaded yet; retry shortly")
+        name = model or self.default_model
+        loaded = models.get(name)
+        if loaded is None:
+            raise NotFound(f"model {name!r} is not loaded (loaded: {', '.join(sorted(models))})")
+        if version not in (0, loaded.version):
+            raise NotFound(f"version {version} of model {name!r} is not loaded "
+                           f"(serving version {loaded.version})")
+        return loaded
+
+    def refresh(self) -> list[LoadedModel]:
+        """Load any newer valid version of each model; returns what was newly loaded."""
+        if not self.root.is_dir():
+            return []
+        loaded: list[LoadedModel] = []
+        for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            candidate = self._load_newest(model_dir)
+            if candidate is not None:
+                self._models = {**self._models, candidate.name: candidate}
+                loaded.append(candidate)
+        return loaded
+
+    def _load_newest(self, model_dir: Path) -> LoadedModel | None:
+        name = model_dir.name
+        current = self._models.get(name)
+        versions = list_versions(model_dir)
+        if name in self._pins:
+            versions = [v for v in versions if v == self._pins[name]]
+        for version in reversed(versions):
+            if current is not None and version <= current.version:
+                return None  # what we serve is already the newest valid one
+            version_dir = model_dir / str(version)
+            mtime = _tree_mtime(version_dir)
+            if self._refused.get(version_dir) == mtime:
+                continue
+            try:
+                model = load_model(name, version_dir, self.device, self.table_dtype)
+            except (CheckpointError, ValueError, OSError) as e:
+                self._refused[version_dir] = mtime
+                log.error("refused model=%s version=%d: %s", name, version, e)
+                if self._on_load:
+                    self._on_load(name, version, "error")
+                continue
+            self._refused.pop(version_dir, None)
+            log.info("loaded model=%s version=%d checkpoint_id=%s dim=%d vocab_size=%d "
+                     "max_seq_len=%d position=%s device=%s", name, version,
+                     model.checkpoint_id[:16], model.tables.dim,
+                     model.checkpoint.manifest.vocab_size, model.checkpoint.manifest.max_seq_len,
+                     model.checkpoint.manifest.position, self.device)
+            if self._on_load:
+                self._on_load(name, version, "ok")
+            return model
+        return None
+
+
+def _tree_mtime(path: Path) -> float:
+    try:
+        return max([os.stat(path).st_mtime, *(p.stat().st_mtime for p in path.iterdir())])
+    except OSError:
+        return 0.0

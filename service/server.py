@@ -1,0 +1,224 @@
+"""The server's lifecycle: load, serve, hot-reload, drain.
+
+Health is NOT_SERVING until a model is loaded. On SIGTERM: NOT_SERVING at once (load
+balancers stop sending), new RPCs get UNAVAILABLE, in-flight RPCs get
+``shutdown_grace_seconds`` to finish, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from client._gen.embedding.v1 import embedding_pb2 as pb
+from service.api import SERVICE_NAME, EmbeddingService
+from service.batcher import Batcher
+from service.config import ServerConfig
+from service.metrics import Metrics
+from service.repository import LoadedModel, Repository, parse_pins
+from service.tables import resolve_device
+from service.validation import Limits
+
+__all__ = ["EmbeddingServer", "ServerHandle", "serve", "start_in_thread"]
+
+log = logging.getLogger("service.server")
+_TABLE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class EmbeddingServer:
+    """Owns the repository, batcher, metrics, gRPC server and health state."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.metrics = Metrics()
+        self.repo = Repository(config.model_repository, self.device,
+                               _TABLE_DTYPES[config.table_dtype], config.default_model,
+                               parse_pins(config.pin_versions), self._on_load)
+        self.batcher = Batcher(config.max_batch_tokens, config.max_batch_delay_us,
+                               config.max_queue_tokens, self.metrics.observe_batch)
+        threads = config.tokenize_threads or (os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="embed-tokenize")
+        self.service = EmbeddingService(
+            self.repo, self.batcher, self.metrics,
+            Limits(config.max_tokens_per_request, config.max_text_bytes,
+                   config.max_message_bytes), self._pool, config.auth_token)
+        self.health = health.aio.HealthServicer()
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._server: grpc.aio.Server | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._info_labels: dict[str, tuple[str, ...]] = {}
+        self.stopped = asyncio.Event()
+
+    def _on_load(self, model: str, version: int, result: str) -> None:
+        self.metrics.model_loads.labels(model, result).inc()
+
+    def _publish(self, loaded: list[LoadedModel]) -> None:
+        for model in loaded:
+            m = model.checkpoint.manifest
+            old = self._info_labels.pop(model.name, None)
+            if old is not None:
+                self.metrics.model_info.remove(*old)
+            labels = (model.name, str(model.version), model.checkpoint_id, str(m.dim),
+                      str(m.vocab_size), str(m.max_seq_len), m.position, str(self.device))
+            self.metrics.model_info.labels(*labels).set(1)
+            self._info_labels[model.name] = labels
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def _refresh(self) -> None:
+        loaded = await asyncio.get_running_loop().run_in_executor(None, self.repo.refresh)
+        self._publish(loaded)
+        if self.repo.models and not self.service.draining:
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.poll_seconds)
+            try:
+                await self._refresh()
+            except Exception:  # a scan error must not stop future scans
+                log.exception("repository scan failed")
+
+    def _credentials(self) -> grpc.ServerCredentials | None:
+        c = self.config
+        if not c.tls_cert:
+            return None
+        ca = Path(c.tls_client_ca).read_bytes() if c.tls_client_ca else None
+        return grpc.ssl_server_credentials(
+            [(Path(c.tls_key).read_bytes(), Path(c.tls_cert).read_bytes())],
+            root_certificates=ca, require_client_auth=ca is not None)
+
+    async def start(self) -> None:
+        """Bind, load what the repository holds, and start serving."""
+        c = self.config
+        options = [("grpc.max_send_message_length", c.max_message_bytes),
+                   ("grpc.max_receive_message_length", c.max_message_bytes),
+                   ("grpc.so_reuseport", 1 if c.workers > 1 else 0)]
+        server = self._server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((self.service.handlers(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        _ = pb  # the descriptor must be in the default pool for reflection
+        address = f"{c.host}:{c.grpc_port}"
+        creds = self._credentials()
+        self.grpc_port = (server.add_secure_port(address, creds) if creds
+                          else server.add_insecure_port(address))
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.batcher.start()
+        await server.start()
+        if c.metrics_port >= 0:
+            self.metrics_port = self.metrics.serve(c.host, c.metrics_port)
+        await self._refresh()
+        if c.poll_seconds > 0:
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+        models = ", ".join(f"{m.name}/{m.version} ({m.checkpoint_id[:12]})"
+                           for m in self.repo.models.values()) or "none yet"
+        log.info("serving %s on %s:%d (metrics :%d, device %s, default model %r)", models,
+                 c.host, self.grpc_port, self.metrics_port, self.device,
+                 self.repo.default_model)
+
+    async def drain(self, grace: float | None = None) -> None:
+        """NOT_SERVING, refuse new work, let in-flight RPCs finish, then stop."""
+        if self._server is None or self.service.draining:
+            return
+        self.service.draining = True
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        grace = self.config.shutdown_grace_seconds if grace is None else grace
+        log.info("draining: waiting up to %.1fs for in-flight requests", grace)
+        if self._poller is not None:
+            self._poller.cancel()
+        await self._server.stop(grace)
+        await self.batcher.close()
+        self._pool.shutdown(wait=False)
+        self.metrics.close()
+        log.info("stopped")
+        self.stopped.set()
+
+
+async def serve(config: ServerConfig) -> None:
+    """Run until SIGTERM/SIGINT, then drain within the grace period."""
+    server = EmbeddingServer(config)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.drain()))
+    await server.stopped.wait()
+
+
+@dataclass
+class ServerHandle:
+    """A server running on its own event-loop thread (tests, benchmarks)."""
+
+    server: EmbeddingServer
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+
+    @property
+    def grpc_port(self) -> int:
+        """Bound gRPC port."""
+        return self.server.grpc_port
+
+    @property
+    def metrics_port(self) -> int:
+        """Bound metrics port."""
+        return self.server.metrics_port
+
+    @property
+    def target(self) -> str:
+        """``host:port`` for a client channel."""
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def refresh(self) -> None:
+        """Rescan the repository now (instead of waiting for the poll)."""
+        asyncio.run_coroutine_threadsafe(self.server._refresh(), self.loop).result(60)
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Drain and stop; joins the thread."""
+        if self.thread.is_alive():
+            fut = asyncio.run_coroutine_threadsafe(self.server.drain(grace), self.loop)
+            with contextlib.suppress(Exception):
+                fut.result(grace + 30)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(30)
+
+
+def start_in_thread(config: ServerConfig) -> ServerHandle:
+    """Start a server on a new thread's event loop; returns once it is started."""
+    loop = asyncio.new_event_loop()
+    ready: asyncio.Future[EmbeddingServer] = loop.create_future()
+
+    async def main() -> None:
+        try:
+            server = EmbeddingServer(config)
+            await server.start()
+            ready.set_result(server)
+        except BaseException as e:
+            ready.set_exception(e)
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.create_task(main())
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, name="embed-server", daemon=True)
+    thread.start()
+    server = asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(ready), 120),
+                                              loop).result(130)
+    return ServerHandle(server, loop, thread)

@@ -1,0 +1,120 @@
+"""Frozen embedding tables on a device, and the one gather+add per batch.
+
+x = token_table[ids] + position_table[positions]  # (N, C), added in fp32
+
+On CPU with float32 storage the tables are the checkpoint's memory maps: no copy, pages
+shared between worker processes through the page cache. On CUDA the tables live on the
+device and each batch costs one host→device copy of ids+positions (pinned), one gather,
+one add, one cast, one device→host copy (pinned) and one synchronisation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["COMPOSE_POSITION_ONLY", "COMPOSE_TOKEN_ONLY", "COMPOSE_TOKEN_PLUS_POSITION",
+           "EmbeddingTables", "resolve_device", "sinusoidal_table"]
+
+# Mirrors embedding.v1.Compose (kept here so the tables need no generated code).
+COMPOSE_TOKEN_PLUS_POSITION = 0
+COMPOSE_TOKEN_ONLY = 1
+COMPOSE_POSITION_ONLY = 2
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` → cuda when torch sees a GPU, else cpu; otherwise torch's own parsing."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {spec}: torch sees no CUDA device")
+    return device
+
+
+def sinusoidal_table(max_seq_len: int, dim: int) -> torch.Tensor:
+    """Vaswani et al. (2017): PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(...)."""
+    position = torch.arange(max_seq_len, dtype=torch.float64).unsqueeze(1)  # (T, 1)
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    table = torch.zeros(max_seq_len, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * freq)  # (T, ceil(C/2))
+    table[:, 1::2] = torch.cos(position * freq[: dim // 2])  # (T, floor(C/2))
+    return table.to(torch.float32)
+
+
+class EmbeddingTables:
+    """One model version's token and position tables, frozen, on one device."""
+
+    def __init__(self, token_table: torch.Tensor, position_table: torch.Tensor | None,
+                 device: torch.device, table_dtype: torch.dtype = torch.float32) -> None:
+        self.device = device
+        self.dim = int(token_table.shape[1])
+        # A memory map already is the table: .to() is a no-op for same device and dtype.
+        self.token_table = token_table.to(device=device, dtype=table_dtype)  # (rows, C)
+        self.position_table = (None if position_table is None
+                               else position_table.to(device=device, dtype=table_dtype))
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}
+
+    @property
+    def table_bytes(self) -> int:
+        """Bytes held by both tables on the device."""
+        n = self.token_table.numel() * self.token_table.element_size()
+        if self.position_table is not None:
+            n += self.position_table.numel() * self.position_table.element_size()
+        return n
+
+    def _out(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        # Reused host buffer: callers copy the rows out before the next batch runs, and a
+        # buffer that stays allocated is never handed back to the OS and faulted in again.
+        buf = self._scratch.get(dtype)
+        if buf is None or buf.numel() < n * self.dim:
+            pin = self.device.type == "cuda"
+            buf = torch.empty(max(n, 64) * self.dim, dtype=dtype, pin_memory=pin)
+            self._scratch[dtype] = buf
+        return buf[: n * self.dim].view(n, self.dim)
+
+    @torch.inference_mode()
+    def lookup(self, ids: torch.Tensor, positions: torch.Tensor, compose: int,
+               dtype: torch.dtype) -> torch.Tensor:
+        """Rows for N (id, position) pairs as a host tensor (N, C) in ``dtype``.
+
+        The result is a view of a reused buffer, valid until the next call; ids and
+        positions are int64 host tensors already validated against the tables.
+        """
+        n = int(ids.shape[0])
+        if self.device.type != "cpu":
+            return self._lookup_device(ids, positions, compose, dtype, n)
+        out = self._out(n, dtype)
+        exact = self.token_table.dtype == torch.float32 and dtype == torch.float32
+        if compose == COMPOSE_POSITION_ONLY:
+            assert self.position_table is not None
+            rows = torch.index_select(self.position_table, 0, positions)  # (N, C)
+            out.copy_(rows)
+            return out
+        if exact:
+            torch.index_select(self.token_table, 0, ids, out=out)  # (N, C), written in place
+            if compose == COMPOSE_TOKEN_PLUS_POSITION and self.position_table is not None:
+                out += torch.index_select(self.position_table, 0, positions)  # (N, C) fp32 add
+            return out
+        x = torch.index_select(self.token_table, 0, ids).float()  # (N, C) fp32
+        if compose == COMPOSE_TOKEN_PLUS_POSITION and self.position_table is not None:
+            x += torch.index_select(self.position_table, 0, positions).float()  # (N, C)
+        out.copy_(x)  # the cast to the wire dtype
+        return out
+
+    def _lookup_device(self, ids: torch.Tensor, positions: torch.Tensor, compose: int,
+                       dtype: torch.dtype, n: int) -> torch.Tensor:
+        idx = torch.stack((ids, positions)).pin_memory()  # (2, N): one H2D copy
+        idx = idx.to(self.device, non_blocking=True)
+        if compose == COMPOSE_POSITION_ONLY:
+            assert self.position_table is not None
+            x = self.position_table[idx[1]].float()  # (N, C)
+        else:
+            x = self.token_table[idx[0]].float()  # (N, C)
+            if compose == COMPOSE_TOKEN_PLUS_POSITION and self.position_table is not None:
+                x += self.position_table[idx[1]].float()  # (N, C) fp32 add
+        out = self._out(n, dtype)
+        out.copy_(x.to(dtype), non_blocking=True)  # one D2H copy into pinned memory
+        torch.cuda.synchronize(self.device)  # the one sync per batch
+        return out

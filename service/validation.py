@@ -1,0 +1,118 @@
+"""Request validation: pure functions from request fields to checked inputs or typed errors.
+
+Every message names the field and the limit, so a client can fix the request without
+reading server logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from client._gen.embedding.v1 import embedding_pb2 as pb
+from service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from service.repository import LoadedModel
+
+__all__ = ["Fitted", "Limits", "check_compose", "check_enum", "check_ids", "check_response_size",
+           "check_text", "fit_length"]
+
+_RESPONSE_OVERHEAD = 1024  # bytes: identity fields, timing, framing
+_PER_TOKEN_OVERHEAD = 16  # bytes: the echoed token id and an untrained index, worst case
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits from the server config."""
+
+    max_tokens_per_request: int
+    max_text_bytes: int
+    max_message_bytes: int
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """Token ids after truncation, with their positions."""
+
+    ids: torch.Tensor  # (T,) int64
+    positions: torch.Tensor  # (T,) int64: start_position .. start_position+T-1
+    start_position: int
+    truncated_tokens: int
+
+
+def check_enum(value: int, enum: type, field: str) -> int:
+    """Proto3 enums are open: an unknown number arrives as an int and must be refused."""
+    names = enum.keys()  # type: ignore[attr-defined]
+    if value not in enum.values():  # type: ignore[attr-defined]
+        raise InvalidArgument(f"{field}={value} is not a valid {enum.DESCRIPTOR.name} "  # type: ignore[attr-defined]
+                              f"({', '.join(names)})")
+    return value
+
+
+def check_text(text: str, limits: Limits, field: str) -> None:
+    """Refuse text over the byte limit before spending time tokenizing it."""
+    # len(str) <= UTF-8 bytes <= 4 * len(str): skip the encode when the answer is certain.
+    if 4 * len(text) > limits.max_text_bytes:
+        n = len(text.encode("utf-8", errors="surrogatepass"))
+        if n > limits.max_text_bytes:
+            raise InvalidArgument(f"{field} is {n} bytes; max_text_bytes is "
+                                  f"{limits.max_text_bytes}")
+
+
+def check_ids(ids: np.ndarray, model: LoadedModel, field: str) -> None:
+    """Every id must index a real vocabulary row (padding rows are never served)."""
+    vocab_size = model.checkpoint.manifest.vocab_size
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bad.any():
+        i = int(bad.argmax())
+        raise InvalidArgument(f"{field}[{i}]={int(ids[i])} is out of range [0, {vocab_size}) "
+                              f"for model {model.name!r}")
+
+
+def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: LoadedModel,
+               limits: Limits, field: str) -> Fitted:
+    """Apply max_seq_len and max_tokens_per_request: refuse or truncate."""
+    T = int(ids.shape[0])
+    if T == 0:
+        raise InvalidArgument(f"{field} is empty: give text or token_ids with at least 1 token")
+    max_seq_len = model.checkpoint.manifest.max_seq_len
+    if start_position >= max_seq_len:
+        raise InvalidArgument(f"start_position={start_position} must be < max_seq_len "
+                              f"{max_seq_len} of model {model.name!r}")
+    room = max_seq_len - start_position
+    keep = min(room, limits.max_tokens_per_request)
+    if T > keep:
+        if truncate == pb.TRUNCATE_NONE:
+            if T > limits.max_tokens_per_request:
+                raise InvalidArgument(f"{field} has T={T} tokens; max_tokens_per_request is "
+                                      f"{limits.max_tokens_per_request} (or set truncate)")
+            raise InvalidArgument(f"start_position ({start_position}) + T ({T}) = "
+                                  f"{start_position + T} exceeds max_seq_len {max_seq_len} "
+                                  f"of model {model.name!r} (or set truncate)")
+        # TRUNCATE_LEFT keeps the tail; either way the kept tokens start at start_position.
+        ids = ids[:keep] if truncate == pb.TRUNCATE_RIGHT else ids[T - keep:]
+    kept = int(ids.shape[0])
+    positions = torch.arange(start_position, start_position + kept, dtype=torch.int64)  # (T,)
+    return Fitted(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)), positions,
+                  start_position, T - kept)
+
+
+def check_compose(compose: int, model: LoadedModel) -> None:
+    """POSITION_ONLY needs a position table (RoPE models have none)."""
+    if compose == pb.COMPOSE_POSITION_ONLY and model.tables.position_table is None:
+        raise FailedPrecondition(f"compose=COMPOSE_POSITION_ONLY needs a position table; "
+                                 f"model {model.name!r} has position "
+                                 f"{model.checkpoint.manifest.position!r}")
+
+
+def check_response_size(tokens: int, model: LoadedModel, itemsize: int,
+                        limits: Limits) -> None:
+    """Refuse before compute a response gRPC would refuse to send."""
+    per_token = model.tables.dim * itemsize + _PER_TOKEN_OVERHEAD
+    size = _RESPONSE_OVERHEAD + tokens * per_token
+    if size > limits.max_message_bytes:
+        fits = max(0, (limits.max_message_bytes - _RESPONSE_OVERHEAD) // per_token)
+        raise ResourceExhausted(f"response would be ~{size} bytes ({tokens} tokens x "
+                                f"{model.tables.dim} x {itemsize} B) > max_message_bytes "
+                                f"{limits.max_message_bytes}; the largest T that fits is {fits}")
