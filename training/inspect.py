@@ -1,0 +1,241 @@
+"""Look inside a checkpoint's tables: nearest tokens, position similarity, lookups, unused rows.
+
+    python -m training.inspect --model-repository models --model NAME [--version N] CMD
+      neighbors WORD [--k 10]        nearest tokens by cosine similarity in the token table
+      positions --out positions.png  cosine-similarity heatmap of the position table
+      lookup TEXT --out lookup.png   token rows, position rows and their sum, [T x C] each
+      untrained [--limit N]          token ids whose row no training step ever updated
+
+Only rows below ``vocab_size`` are real tokens: padding rows (nanoGPT's 50257..50303)
+are never inputs, so they are left out of neighbours and counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from service.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
+from service.tables import sinusoidal_table
+from service.tokenizer import Tokenizer, load_tokenizer
+
+__all__ = ["InspectError", "LoadedModel", "load_model", "lookup_figure_size", "main",
+           "nearest_tokens", "plot_lookup", "plot_positions", "position_similarity",
+           "token_string", "untrained_tokens"]
+
+_DPI = 100  # figures are saved at a fixed size (no tight bbox), so pixel sizes are exact
+
+
+class InspectError(Exception):
+    """A request the checkpoint cannot answer; the message says why."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """One verified checkpoint version and its tokenizer."""
+
+    checkpoint: Checkpoint
+    tokenizer: Tokenizer
+
+    @property
+    def position_table(self) -> torch.Tensor | None:
+        """(max_seq_len, C): stored when learned, computed when sinusoidal, None for RoPE."""
+        m = self.checkpoint.manifest
+        if m.position == "sinusoidal":
+            return sinusoidal_table(m.max_seq_len, m.dim)
+        return self.checkpoint.position_table
+
+
+def load_model(repository: Path, model: str, version: int | None = None) -> LoadedModel:
+    """The pinned version, or the newest one, verified like the server verifies it."""
+    model_dir = Path(repository) / model
+    versions = list_versions(model_dir)
+    if not versions:
+        raise InspectError(f"{model_dir}: no versions")
+    if version is None:
+        version = versions[-1]
+    elif version not in versions:
+        raise InspectError(f"{model_dir}: no version {version} (have {versions})")
+    ckpt = read_checkpoint(model_dir / str(version))
+    return LoadedModel(ckpt, load_tokenizer(ckpt.manifest.tokenizer, ckpt.tokenizer_path))
+
+
+def token_string(tokenizer: Tokenizer, token_id: int) -> str:
+    """A token's text, quoted so leading spaces and partial UTF-8 show."""
+    return repr(tokenizer.token_bytes([token_id])[0].decode("utf-8", errors="replace"))
+
+
+def nearest_tokens(token_table: torch.Tensor, vocab_size: int, token_id: int,
+                   k: int) -> list[tuple[int, float]]:
+    """The k token ids < vocab_size closest to ``token_id`` by cosine, itself excluded."""
+    if not 0 <= token_id < vocab_size:
+        raise InspectError(f"token id {token_id} not in [0, {vocab_size})")
+    rows = F.normalize(token_table[:vocab_size].float(), dim=1)  # (vocab_size, C)
+    scores = rows @ rows[token_id]  # (vocab_size,)
+    scores[token_id] = -float("inf")
+    top = torch.topk(scores, min(k, vocab_size - 1))
+    return [(int(i), float(s)) for s, i in zip(top.values, top.indices)]
+
+
+def untrained_tokens(row_updates: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Ids < vocab_size whose row was never updated (row_updates == 0), ascending."""
+    if row_updates is None:
+        raise InspectError("the checkpoint has no row_updates.safetensors (only training "
+                           "runs record which rows were updated; imported models do not)")
+    return torch.nonzero(row_updates[:vocab_size] == 0).flatten()
+
+
+def position_similarity(position_table: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity of every position row with every other, (max_seq_len, max_seq_len)."""
+    rows = F.normalize(position_table.float(), dim=1)  # (max_seq_len, C)
+    return rows @ rows.T  # (max_seq_len, max_seq_len)
+
+
+def plot_positions(similarity: torch.Tensor, out: Path, title: str) -> None:
+    """Heatmap of position-row cosine similarity, saved as a 600x500 PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display; never pick an interactive backend
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5), dpi=_DPI, layout="constrained")
+    image = ax.imshow(similarity.numpy(), cmap="RdBu_r", vmin=-1.0, vmax=1.0,
+                      interpolation="nearest")
+    ax.set(title=title, xlabel="position", ylabel="position")
+    fig.colorbar(image, ax=ax, label="cosine similarity")
+    fig.savefig(out, dpi=_DPI)
+    plt.close(fig)
+
+
+def lookup_figure_size(T: int) -> tuple[int, int]:
+    """Pixel (width, height) of the lookup figure: taller for longer texts."""
+    return 1200, int(100 * max(3.0, 1.5 + 0.25 * T))
+
+
+def plot_lookup(panels: Sequence[tuple[str, torch.Tensor]], labels: Sequence[str],
+                out: Path, title: str) -> None:
+    """Side-by-side [T x C] heatmaps sharing one colour scale, tokens on the y axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width, height = lookup_figure_size(len(labels))
+    fig, axes = plt.subplots(1, len(panels), figsize=(width / _DPI, height / _DPI), dpi=_DPI,
+                             layout="constrained", sharey=True, squeeze=False)
+    limit = max(float(x.abs().max()) for _, x in panels) or 1.0
+    images = []
+    for ax, (name, x) in zip(axes[0], panels):
+        images.append(ax.imshow(x.float().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit,
+                                aspect="auto", interpolation="nearest"))
+        ax.set(title=name, xlabel="C")
+    axes[0][0].set_yticks(range(len(labels)), labels, fontsize=8)
+    fig.suptitle(title)
+    fig.colorbar(images[0], ax=axes[0].tolist(), label="value")
+    fig.savefig(out, dpi=_DPI)
+    plt.close(fig)
+
+
+def _cmd_neighbors(model: LoadedModel, args: argparse.Namespace) -> None:
+    m, tok = model.checkpoint.manifest, model.tokenizer
+    if args.id is not None:
+        token_id = args.id
+    else:
+        ids = tok.encode(args.word)
+        if len(ids) != 1:
+            raise InspectError(f"{args.word!r} is {len(ids)} tokens {ids}, not one; pass a "
+                               f"single token (GPT-2 words usually start with a space) or --id")
+        token_id = ids[0]
+    print(f"nearest to {token_id} {token_string(tok, token_id)} (cosine, rows < {m.vocab_size}):")
+    for rank, (i, score) in enumerate(
+            nearest_tokens(model.checkpoint.token_table, m.vocab_size, token_id, args.k), 1):
+        print(f"{rank:>3} {i:>7} {score:.4f} {token_string(tok, i)}")
+
+
+def _cmd_positions(model: LoadedModel, args: argparse.Namespace) -> None:
+    m = model.checkpoint.manifest
+    table = model.position_table
+    if table is None:
+        raise InspectError(f"position is {m.position!r} (RoPE): the model has no position table")
+    plot_positions(position_similarity(table), args.out,
+                   f"position table cosine similarity ({m.position}, {m.max_seq_len} x {m.dim})")
+    print(f"wrote {args.out}")
+
+
+def _cmd_lookup(model: LoadedModel, args: argparse.Namespace) -> None:
+    m, tok = model.checkpoint.manifest, model.tokenizer
+    ids = tok.encode(args.text)
+    T, start = len(ids), args.start_position
+    if T == 0 or start + T > m.max_seq_len:
+        raise InspectError(f"text is {T} tokens from position {start}; need 1 <= "
+                           f"start_position + T <= max_seq_len {m.max_seq_len}")
+    token_rows = model.checkpoint.token_table[ids].float()  # (T, C)
+    panels = [("token rows", token_rows)]
+    table = model.position_table
+    if table is not None:
+        position_rows = table[start:start + T].float()  # (T, C)
+        panels += [("position rows", position_rows), ("sum", token_rows + position_rows)]
+    labels = [f"{start + t}: {token_string(tok, i)}" for t, i in enumerate(ids)]
+    plot_lookup(panels, labels, args.out, f"lookup of {T} tokens ({m.position} positions)")
+    print(f"wrote {args.out} (T={T}, C={m.dim})")
+
+
+def _cmd_untrained(model: LoadedModel, args: argparse.Namespace) -> None:
+    m = model.checkpoint.manifest
+    ids = untrained_tokens(model.checkpoint.row_updates, m.vocab_size)
+    print(f"{len(ids)} of {m.vocab_size} token rows were never updated in training")
+    for i in ids[: args.limit].tolist():
+        print(f"{i:>7} {token_string(model.tokenizer, i)}")
+    if len(ids) > args.limit:
+        print(f"... {len(ids) - args.limit} more (--limit)")
+
+
+_COMMANDS = {"neighbors": _cmd_neighbors, "positions": _cmd_positions, "lookup": _cmd_lookup,
+             "untrained": _cmd_untrained}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m training.inspect", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-repository", type=Path, default=Path("models"))
+    p.add_argument("--model", required=True)
+    p.add_argument("--version", type=int, help="default: the newest")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("neighbors", help="nearest tokens by cosine similarity")
+    s.add_argument("word", nargs="?", help="text that is exactly one token")
+    s.add_argument("--id", type=int, help="a token id instead of WORD")
+    s.add_argument("--k", type=int, default=10)
+    s = sub.add_parser("positions", help="position-table cosine-similarity heatmap")
+    s.add_argument("--out", type=Path, default=Path("positions.png"))
+    s = sub.add_parser("lookup", help="token, position and summed rows for a text")
+    s.add_argument("text")
+    s.add_argument("--start-position", type=int, default=0)
+    s.add_argument("--out", type=Path, default=Path("lookup.png"))
+    s = sub.add_parser("untrained", help="token rows never updated in training")
+    s.add_argument("--limit", type=int, default=20)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2 with a message when it cannot answer)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "neighbors" and (args.word is None) == (args.id is None):
+        parser.error("neighbors: give exactly one of WORD or --id")
+    try:
+        model = load_model(args.model_repository, args.model, args.version)
+        _COMMANDS[args.command](model, args)
+    except (InspectError, CheckpointError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
