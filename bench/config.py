@@ -52,6 +52,7 @@ class BenchConfig:
     device: str = "cpu"
     # The naive baseline only has a unary form: `repeated float` has nothing to stream faster.
     naive_modes: tuple[str, ...] = ("unary",)
+    backends: tuple[str, ...] = BACKENDS
     quick: bool = False
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -65,6 +66,8 @@ class BenchConfig:
             raise ValueError(f"unknown dtypes {sorted(unknown)}")
         if not set(self.modes) <= set(MODES):
             raise ValueError(f"modes must be among {MODES}")
+        if not self.backends or not set(self.backends) <= set(BACKENDS):
+            raise ValueError(f"backends must be among {BACKENDS}")
 
     def cells(self) -> list[Cell]:
         """Every cell of one repetition, grouped so the three backends of a point run together."""
@@ -73,7 +76,7 @@ class BenchConfig:
             for t in self.ts:
                 for dtype in self.dtypes:
                     for conc in self.concurrencies:
-                        for backend in BACKENDS:
+                        for backend in (b for b in BACKENDS if b in self.backends):
                             if backend == "naive" and (mode not in self.naive_modes
                                                        or dtype != self.dtypes[0]):
                                 # The naive reply is fp32 floats whatever was asked: one
@@ -100,6 +103,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     p.add_argument("--dtypes", type=_strs, help="comma-separated: float32,bfloat16,float16")
     p.add_argument("--concurrency", type=_ints, help="requests in flight (default 1,16)")
     p.add_argument("--modes", type=_strs, help="unary,stream")
+    p.add_argument("--backends", type=_strs, help="subset of ceiling,naive,service")
     p.add_argument("--dim", type=int, help="C (default 768)")
     p.add_argument("--reps", type=int, help="interleaved repetitions (default 3)")
     p.add_argument("--duration", type=float, help="seconds per cell and repetition")
@@ -115,14 +119,14 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
                       duration_s=0.2, warmup_s=0.05, quick=True)
     overrides: dict[str, object] = {
         "ts": ns.ts, "dtypes": ns.dtypes, "concurrencies": ns.concurrency, "modes": ns.modes,
+        "backends": ns.backends,
         "dim": ns.dim, "reps": ns.reps, "duration_s": ns.duration, "warmup_s": ns.warmup,
         "out": ns.out, "device": ns.device,
+        "max_seq_len": max(cfg.max_seq_len, *ns.ts) if ns.ts else None,
     }
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
     if ns.out is not None:
         cfg = replace(cfg, model_cache=ns.out / ".model")
     if ns.server_arg:
         cfg = replace(cfg, extra_server_args=tuple(ns.server_arg))
-    if max(cfg.ts) > cfg.max_seq_len:
-        cfg = replace(cfg, max_seq_len=max(cfg.ts))
     return cfg

@@ -1,0 +1,47 @@
+"""Run a reference gRPC server (ceiling or naive) in this process until SIGTERM.
+
+Both reference servers use the same library and flavour as the service (grpc.aio, one
+event loop), the same message-size limits, and a health service, so the harness waits for
+all three the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+__all__ = ["MAX_MESSAGE_BYTES", "serve_forever"]
+
+# The service's default --max-message-bytes: a T=1024 fp32 reply (3 MiB) needs more than
+# gRPC's 4 MiB default once framing is counted only in the naive case, but keep them equal.
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+async def _serve(port: int, handlers: list[grpc.GenericRpcHandler], name: str) -> None:
+    server = grpc.aio.server(options=[
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ])
+    server.add_generic_rpc_handlers(handlers)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    if server.add_insecure_port(f"127.0.0.1:{port}") != port:
+        raise SystemExit(f"{name}: could not bind 127.0.0.1:{port}")
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    print(f"{name}: serving on 127.0.0.1:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(grace=0.5)
+
+
+def serve_forever(port: int, handlers: list[grpc.GenericRpcHandler], name: str) -> None:
+    """Serve ``handlers`` on 127.0.0.1:``port`` until SIGTERM or SIGINT."""
+    asyncio.run(_serve(port, handlers, name))

@@ -1,0 +1,87 @@
+"""One benchmark run: model, three servers, interleaved repetitions, table, JSON and PNG.
+
+Repetitions are interleaved (all cells of repetition 1, then all of repetition 2, ...),
+and within a repetition the ceiling, naive and service measurements of a point run back
+to back, so slow drift on the machine lands on all three alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import random
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from bench.config import BenchConfig, Cell, parse_args
+from bench.loadgen import DTYPE_ENUM, Measurement, measure
+from bench.model import MODEL_NAME, VOCAB_SIZE, ensure_model
+from bench.plot import plot_report
+from bench.report import build_report, format_report
+from bench.servers import start_servers, stop_servers
+from client._gen.embedding.v1 import embedding_pb2 as pb
+
+__all__ = ["main", "run_bench"]
+
+# Distinct requests cycled per cell: enough that no layer can serve a cached reply.
+_REQUESTS_PER_CELL = 8
+
+
+def _requests(cell: Cell, rng: random.Random) -> list[pb.EmbedRequest]:
+    return [pb.EmbedRequest(
+        model=MODEL_NAME, dtype=DTYPE_ENUM[cell.dtype],
+        token_ids=pb.TokenIds(ids=[rng.randrange(VOCAB_SIZE) for _ in range(cell.T)]))
+        for _ in range(_REQUESTS_PER_CELL)]
+
+
+def _meta(cfg: BenchConfig, started: float) -> dict[str, Any]:
+    return {"started": datetime.fromtimestamp(started, UTC).isoformat(),
+            "seconds": round(time.time() - started, 1), "host": platform.node(),
+            "cpus": os.cpu_count(), "python": sys.version.split()[0],
+            "device": cfg.device, "C": cfg.dim, "reps": cfg.reps,
+            "duration_s": cfg.duration_s, "warmup_s": cfg.warmup_s, "quick": cfg.quick,
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
+
+
+def run_bench(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
+    """Run every cell ``cfg.reps`` times, interleaved; write bench.json and bench.png."""
+    started = time.time()
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    repo = ensure_model(cfg.model_cache, cfg.dim, cfg.max_seq_len)
+    cells = cfg.cells()
+    rng = random.Random(0)
+    requests = {cell: _requests(cell, rng) for cell in cells}
+    results: dict[Cell, list[Measurement]] = {cell: [] for cell in cells}
+    servers = start_servers(cfg, repo, cfg.out / "logs")
+    log(f"bench: {len(cells)} cells x {cfg.reps} reps, ~{cfg.duration_s + cfg.warmup_s:.1f}s "
+        f"each; servers up in {time.time() - started:.1f}s")
+    try:
+        for rep in range(cfg.reps):
+            t0 = time.time()
+            for cell in cells:
+                m = asyncio.run(measure(servers[cell.backend].target, cell.backend, cell.mode,
+                                        requests[cell], cell.concurrency, (cell.T, cfg.dim),
+                                        cfg.warmup_s, cfg.duration_s))
+                if m.requests == 0:
+                    raise RuntimeError(f"{cell.key}: no reply completed in {cfg.duration_s}s")
+                results[cell].append(m)
+            log(f"bench: repetition {rep + 1}/{cfg.reps} done in {time.time() - t0:.0f}s")
+    finally:
+        stop_servers(servers)
+    report = build_report(cfg, results, _meta(cfg, started))
+    (cfg.out / "bench.json").write_text(json.dumps(report, indent=1))
+    plot_report(report, cfg.out / "bench.png")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m bench [--quick] ...``: run, print the table and the target verdicts."""
+    cfg = parse_args(argv)
+    report = run_bench(cfg)
+    print(format_report(report))
+    print(f"\nwrote {cfg.out / 'bench.json'} and {cfg.out / 'bench.png'}")

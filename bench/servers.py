@@ -1,0 +1,123 @@
+"""Start the three benchmark servers, each in its own process, and wait until SERVING.
+
+Separate processes keep the load generator and each server off one another's GIL. All
+three get the same glibc malloc tunables as scripts/serve.sh, so none of them pays the
+page-fault cost of multi-MB buffers that the others are spared.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.config import BenchConfig
+from bench.model import MODEL_NAME
+
+__all__ = ["GLIBC_TUNABLES", "ServerProcess", "free_port", "start_servers", "stop_servers"]
+
+ROOT = Path(__file__).resolve().parent.parent
+# Kept equal to scripts/serve.sh's default.
+GLIBC_TUNABLES = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=536870912"
+
+
+@dataclass
+class ServerProcess:
+    """A server subprocess: its name, gRPC target, process and log file."""
+
+    name: str
+    target: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (bound to 0, read, released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHON"] = sys.executable  # scripts/serve.sh runs the service with this interpreter
+    return env
+
+
+def _launch(name: str, argv: list[str], port: int, log_dir: Path) -> ServerProcess:
+    log = log_dir / f"{name}.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT)
+    return ServerProcess(name, f"127.0.0.1:{port}", proc, log)
+
+
+def _wait_serving(server: ServerProcess, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(server.target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"{server.name} exited with {server.proc.returncode}; "
+                                   f"log:\n{server.log.read_text()[-3000:]}")
+            try:
+                status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{server.name} not SERVING after {timeout_s:.0f}s; "
+                                   f"log:\n{server.log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+
+def _argv(name: str, port: int, cfg: BenchConfig, repo: Path) -> list[str]:
+    py = sys.executable
+    if name == "ceiling":
+        return [py, "-m", "bench.ceiling_server", "--port", str(port), "--dim", str(cfg.dim),
+                "--ts", ",".join(map(str, cfg.ts)), "--dtypes", ",".join(cfg.dtypes)]
+    if name == "naive":
+        return [py, "-m", "bench.naive_server", "--port", str(port),
+                "--checkpoint", str(repo / "models" / MODEL_NAME / "1")]
+    return [str(ROOT / "scripts" / "serve.sh"), "--model-repository", str(repo / "models"),
+            "--host", "127.0.0.1", "--grpc-port", str(port), "--metrics-port", "-1",
+            "--device", cfg.device, "--poll-seconds", "0", *cfg.extra_server_args]
+
+
+def start_servers(cfg: BenchConfig, repo: Path, log_dir: Path,
+                  timeout_s: float = 120.0) -> dict[str, ServerProcess]:
+    """Launch the chosen backends (in parallel), return once all are SERVING."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    servers = {}
+    for name in cfg.backends:
+        port = free_port()
+        servers[name] = _launch(name, _argv(name, port, cfg, repo), port, log_dir)
+    try:
+        for server in servers.values():
+            _wait_serving(server, timeout_s)
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return servers
+
+
+def stop_servers(servers: dict[str, ServerProcess]) -> None:
+    """SIGTERM each server, then SIGKILL whatever has not exited within a few seconds."""
+    for server in servers.values():
+        if server.proc.poll() is None:
+            server.proc.terminate()
+    for server in servers.values():
+        try:
+            server.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
