@@ -147,8 +147,8 @@ def embed_request(text: str | None = None, ids: Sequence[int] | None = None,
         request_id=options.get("request_id", ""))
     if text is not None:
         req.text = text
-    else:
-        req.token_ids.CopyFrom(_token_ids(ids or ()))
+    elif ids is not None:
+        req.token_ids.CopyFrom(_token_ids(ids))
     return req
 
 
