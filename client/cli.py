@@ -22,10 +22,14 @@ import numpy as np
 from client.client import DEFAULT_TARGET, EmbeddingClient
 from client.codec import COMPOSE, DTYPES, TRUNCATE, Embedding, EmbeddingError
 
-__all__ = ["build_parser", "format_embedding", "main"]
+__all__ = ["CommandError", "build_parser", "format_embedding", "main"]
 
 PREVIEW_ROWS = 4
 PREVIEW_COLS = 6
+
+
+class CommandError(Exception):
+    """A failure embedctl reports as one line (the message) with exit status 1."""
 
 
 def _ids(value: str) -> list[int]:
@@ -45,7 +49,7 @@ def _token_text(token: bytes) -> str:
 
 
 def _us(ns: int) -> str:
-    return f"{ns / 1000:.0f} µs"
+    return f"{ns / 1000:.0f} us"
 
 
 def format_embedding(e: Embedding) -> list[str]:
@@ -61,10 +65,10 @@ def format_embedding(e: Embedding) -> list[str]:
              f"untrained_token_indices {e.untrained_token_indices}"]
     for i in range(min(rows, PREVIEW_ROWS)):
         values = " ".join(f"{float(v):+.4f}" for v in e.array[i, :PREVIEW_COLS])
-        more = f" … ({cols} cols)" if cols > PREVIEW_COLS else ""
+        more = f" ... ({cols} cols)" if cols > PREVIEW_COLS else ""
         lines.append(f"[{i}] {values}{more}")
     if rows > PREVIEW_ROWS:
-        lines.append(f"… ({rows - PREVIEW_ROWS} more rows)")
+        lines.append(f"... ({rows - PREVIEW_ROWS} more rows)")
     t = e.timing
     lines.append(f"timing  queue {_us(t.queue_ns)}  tokenize {_us(t.tokenize_ns)}  "
                  f"compute {_us(t.compute_ns)}  total {_us(t.total_ns)}")
@@ -73,17 +77,18 @@ def format_embedding(e: Embedding) -> list[str]:
 
 def _embed(client: EmbeddingClient, args: argparse.Namespace) -> None:
     if (args.text is None) == (args.ids is None):
-        raise SystemExit("embedctl: embed needs TEXT or --ids (not both)")
+        raise CommandError("embed needs TEXT or --ids (not both)")
     e = client.embed(args.text, args.ids, model=args.model, version=args.version,
                      start_position=args.start_position, compose=args.compose,
                      dtype=args.dtype, truncate=args.truncate,
                      allow_special_tokens=args.allow_special_tokens)
-    print("\n".join(format_embedding(e)))
     if args.out:
         try:
             np.save(args.out, e.array)
         except OSError as err:
-            raise SystemExit(f"embedctl: cannot write {args.out}: {err.strerror}") from None
+            raise CommandError(f"cannot write {args.out}: {err.strerror}") from None
+    print("\n".join(format_embedding(e)))
+    if args.out:
         print(f"saved {args.out}")
 
 
@@ -176,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                else f"{err.code.name}: {err.details}")
         print(f"embedctl: {msg}", file=sys.stderr)
         return 1
-    except (OSError, ValueError) as err:  # unreadable TLS files, bad option values
+    except (CommandError, OSError, ValueError) as err:  # OSError: unreadable TLS files
         print(f"embedctl: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
