@@ -1,0 +1,170 @@
+"""Every row of the status-code table, each followed by a good request that still works."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from client._gen.embedding.v1 import embedding_pb2 as pb
+from client._gen.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from service.server import ServerHandle
+from tests.tiny_model import MakeCheckpoint, start
+
+Code = grpc.StatusCode
+GOOD = pb.EmbedRequest(text="hello world")
+
+
+def ids(*values: int) -> pb.TokenIds:
+    return pb.TokenIds(ids=list(values))
+
+
+def expect(stub: pb_grpc.EmbeddingServiceStub, request: pb.EmbedRequest, code: Code,
+           message: str, **kwargs: object) -> None:
+    """The request fails with ``code`` and ``message``; a good request right after works."""
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Embed(request, **kwargs)  # type: ignore[arg-type]
+    assert info.value.code() == code, info.value.details()
+    assert info.value.details() == message
+    assert list(stub.Embed(GOOD, **kwargs).token_ids) == [31373, 995]  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def stub(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
+    with grpc.insecure_channel(server.target) as channel:
+        yield pb_grpc.EmbeddingServiceStub(channel)
+
+
+@pytest.mark.parametrize(("request_", "message"), [
+    (pb.EmbedRequest(), "input is empty: set text or token_ids"),
+    (pb.EmbedRequest(text=""), "input is empty: give text or token_ids with at least 1 token"),
+    (pb.EmbedRequest(token_ids=ids()), "input is empty: give text or token_ids with at least "
+                                       "1 token"),
+    (pb.EmbedRequest(token_ids=ids(5, -1)),
+     "input.token_ids.ids[1]=-1 is out of range [0, 50257) for model 'tiny'"),
+    (pb.EmbedRequest(token_ids=ids(50257)),
+     "input.token_ids.ids[0]=50257 is out of range [0, 50257) for model 'tiny'"),
+    (pb.EmbedRequest(token_ids=ids(*[1] * 65)),
+     "start_position (0) + T (65) = 65 exceeds max_seq_len 64 of model 'tiny' "
+     "(or set truncate)"),
+    (pb.EmbedRequest(token_ids=ids(1, 2, 3), start_position=62),
+     "start_position (62) + T (3) = 65 exceeds max_seq_len 64 of model 'tiny' "
+     "(or set truncate)"),
+    (pb.EmbedRequest(token_ids=ids(1), start_position=64),
+     "start_position=64 must be < max_seq_len 64 of model 'tiny'"),
+    (pb.EmbedRequest(token_ids=ids(1), compose=7),  # type: ignore[arg-type]
+     "compose=7 is not a valid Compose (COMPOSE_TOKEN_PLUS_POSITION, COMPOSE_TOKEN_ONLY, "
+     "COMPOSE_POSITION_ONLY)"),
+    (pb.EmbedRequest(token_ids=ids(1), dtype=9),  # type: ignore[arg-type]
+     "dtype=9 is not a valid DType (DTYPE_FLOAT32, DTYPE_FLOAT16, DTYPE_BFLOAT16)"),
+    (pb.EmbedRequest(token_ids=ids(1), truncate=3),  # type: ignore[arg-type]
+     "truncate=3 is not a valid Truncate (TRUNCATE_NONE, TRUNCATE_RIGHT, TRUNCATE_LEFT)"),
+])
+def test_invalid_argument(stub: pb_grpc.EmbeddingServiceStub, request_: pb.EmbedRequest,
+                          message: str) -> None:
+    expect(stub, request_, Code.INVALID_ARGUMENT, message)
+
+
+def test_not_found(stub: pb_grpc.EmbeddingServiceStub) -> None:
+    expect(stub, pb.EmbedRequest(model="nope", text="x"), Code.NOT_FOUND,
+           "model 'nope' is not loaded (loaded: rope, tiny)")
+    expect(stub, pb.EmbedRequest(model="tiny", version=2, text="x"), Code.NOT_FOUND,
+           "version 2 of model 'tiny' is not loaded (serving version 1)")
+
+
+def test_position_only_without_table(stub: pb_grpc.EmbeddingServiceStub) -> None:
+    expect(stub, pb.EmbedRequest(model="rope", text="x", compose=pb.COMPOSE_POSITION_ONLY),
+           Code.FAILED_PRECONDITION, "compose=COMPOSE_POSITION_ONLY needs a position table; "
+           "model 'rope' has position 'none'")
+
+
+@pytest.fixture(scope="module")
+def limited(tiny_repo: Path) -> Iterator[pb_grpc.EmbeddingServiceStub]:
+    """Small limits; a 300 ms batch delay keeps work queued long enough to collide."""
+    handle = start(tiny_repo, max_text_bytes=16, max_message_bytes=2000, max_batch_tokens=8,
+                   max_queue_tokens=8, max_batch_delay_us=300_000, auth_token="t0ken")
+    with grpc.insecure_channel(handle.target) as channel:
+        yield pb_grpc.EmbeddingServiceStub(channel)
+    handle.stop()
+
+
+AUTH = {"metadata": (("authorization", "Bearer t0ken"),)}
+
+
+def test_unauthenticated(limited: pb_grpc.EmbeddingServiceStub) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        limited.Embed(GOOD)
+    assert info.value.code() == Code.UNAUTHENTICATED
+    assert info.value.details() == "missing or invalid 'authorization: Bearer <token>'"
+    bad = {"metadata": (("authorization", "Bearer wrong"),)}
+    with pytest.raises(grpc.RpcError) as info:
+        limited.Embed(GOOD, **bad)  # type: ignore[arg-type]
+    assert info.value.code() == Code.UNAUTHENTICATED
+    assert list(limited.Embed(GOOD, **AUTH).token_ids) == [31373, 995]  # type: ignore[arg-type]
+
+
+def test_text_over_byte_limit(limited: pb_grpc.EmbeddingServiceStub) -> None:
+    expect(limited, pb.EmbedRequest(text="é" * 9), Code.INVALID_ARGUMENT,
+           "input.text is 18 bytes; max_text_bytes is 16", **AUTH)
+
+
+def test_response_over_message_size_names_largest_t(
+        limited: pb_grpc.EmbeddingServiceStub) -> None:
+    expect(limited, pb.EmbedRequest(token_ids=ids(*range(20))), Code.RESOURCE_EXHAUSTED,
+           "response would be ~2624 bytes (20 tokens x 16 x 4 B) > max_message_bytes 2000; "
+           "the largest T that fits is 12", **AUTH)
+
+
+def test_queue_full(limited: pb_grpc.EmbeddingServiceStub) -> None:
+    first = limited.Embed.future(pb.EmbedRequest(token_ids=ids(*range(6))), **AUTH)  # type: ignore[arg-type]
+    time.sleep(0.1)  # the first is queued, waiting out the batch delay
+    expect(limited, pb.EmbedRequest(token_ids=ids(*range(6))), Code.RESOURCE_EXHAUSTED,
+           "queue holds 6 tokens; this request's 6 would exceed max_queue_tokens=8; "
+           "retry later", **AUTH)
+    assert list(first.result().token_ids) == list(range(6))
+
+
+def test_deadline_passed_before_compute_does_no_work(
+        limited: pb_grpc.EmbeddingServiceStub, tiny_repo: Path) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        limited.Embed(pb.EmbedRequest(token_ids=ids(1, 2)), timeout=0.05, **AUTH)  # type: ignore[arg-type]
+    assert info.value.code() == Code.DEADLINE_EXCEEDED
+    assert list(limited.Embed(GOOD, **AUTH).token_ids) == [31373, 995]  # type: ignore[arg-type]
+
+
+def test_no_model_loaded_is_unavailable(tmp_path: Path,
+                                        make_checkpoint: MakeCheckpoint) -> None:
+    handle = start(tmp_path)
+    try:
+        with grpc.insecure_channel(handle.target) as channel:
+            stub = pb_grpc.EmbeddingServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Embed(GOOD)
+            assert info.value.code() == Code.UNAVAILABLE
+            assert info.value.details() == "no model is loaded yet; retry shortly"
+            make_checkpoint(tmp_path)
+            handle.refresh()
+            assert list(stub.Embed(GOOD).token_ids) == [31373, 995]
+    finally:
+        handle.stop()
+
+
+def test_internal_error_hides_details_and_logs_request_id(
+        server: ServerHandle, stub: pb_grpc.EmbeddingServiceStub,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tokenizer = server.server.repo.get("tiny", 0).tokenizer
+    boom: Callable[..., list[int]] = lambda *a: (_ for _ in ()).throw(RuntimeError("secret"))  # noqa: E731
+    monkeypatch.setattr(tokenizer, "encode", boom)
+    with caplog.at_level(logging.ERROR, logger="service.api"):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Embed(pb.EmbedRequest(text="x", request_id="r-42"))
+    assert info.value.code() == Code.INTERNAL
+    assert info.value.details() == "internal error (request_id=r-42); see server logs"
+    assert "secret" not in info.value.details()
+    assert any("request_id=r-42" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    assert list(stub.Embed(GOOD).token_ids) == [31373, 995]
