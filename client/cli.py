@@ -181,7 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                else f"{err.code.name}: {err.details}")
         print(f"embedctl: {msg}", file=sys.stderr)
         return 1
-    except (CommandError, OSError, ValueError) as err:  # OSError: unreadable TLS files
+    except OSError as err:  # an unreadable TLS file
+        print(f"embedctl: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
+        return 1
+    except (CommandError, ValueError) as err:
         print(f"embedctl: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
