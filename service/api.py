@@ -27,8 +27,16 @@ from service.batcher import Batcher, BatchStats, Job
 from service.errors import EmbedError, InvalidArgument, Unauthenticated, Unavailable, status_for
 from service.metrics import Metrics
 from service.repository import LoadedModel, Repository
-from service.validation import (Fitted, Limits, check_compose, check_enum, check_ids,
-                                check_response_size, check_text, fit_length)
+from service.validation import (
+    Fitted,
+    Limits,
+    check_compose,
+    check_enum,
+    check_ids,
+    check_response_size,
+    check_text,
+    fit_length,
+)
 
 __all__ = ["SERVICE_NAME", "EmbeddingService"]
 
@@ -276,7 +284,8 @@ class EmbeddingService:
         """Every loaded model version."""
         async def body() -> pb.ListModelsResponse:
             models = self.repo.models
-            return pb.ListModelsResponse(models=[self.model_info(models[n]) for n in sorted(models)])
+            infos = [self.model_info(models[name]) for name in sorted(models)]
+            return pb.ListModelsResponse(models=infos)
 
         return await self._call("ListModels", "", "", context, body)
 

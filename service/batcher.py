@@ -11,6 +11,7 @@ Lookups are elementwise, so a job's rows are bit-identical however it was batche
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -81,10 +82,8 @@ class Batcher:
         """Stop the loop; queued jobs fail with UNAVAILABLE-free cancellation."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         for job in self._queue:
             if not job.future.done():
                 job.future.cancel()

@@ -57,7 +57,7 @@ def tensor_bytes(rows: torch.Tensor) -> memoryview:
     arr = rows.numpy()
     if arr.dtype.byteorder == ">":  # never on x86/ARM; keeps the wire little-endian anyway
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return memoryview(np.ascontiguousarray(arr)).cast("B")
+    return memoryview(np.ascontiguousarray(arr)).cast("B")  # type: ignore[arg-type]
 
 
 def _splice(rows: torch.Tensor, dtype: int, rest: bytes) -> bytes:

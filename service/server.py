@@ -202,23 +202,17 @@ class ServerHandle:
 def start_in_thread(config: ServerConfig) -> ServerHandle:
     """Start a server on a new thread's event loop; returns once it is started."""
     loop = asyncio.new_event_loop()
-    ready: asyncio.Future[EmbeddingServer] = loop.create_future()
-
-    async def main() -> None:
-        try:
-            server = EmbeddingServer(config)
-            await server.start()
-            ready.set_result(server)
-        except BaseException as e:
-            ready.set_exception(e)
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.create_task(main())
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, name="embed-server", daemon=True)
+    thread = threading.Thread(target=loop.run_forever, name="embed-server", daemon=True)
     thread.start()
-    server = asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(ready), 120),
-                                              loop).result(130)
+
+    async def started() -> EmbeddingServer:
+        server = EmbeddingServer(config)
+        await server.start()
+        return server
+
+    try:
+        server = asyncio.run_coroutine_threadsafe(started(), loop).result(120)
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        raise
     return ServerHandle(server, loop, thread)

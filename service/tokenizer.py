@@ -29,7 +29,9 @@ __all__ = [
 
 ENDOFTEXT = "<|endoftext|>"
 # r50k_base == gpt2: the same ranks, split pattern and special token (tiktoken_ext).
-GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+# fmt: off
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""  # noqa: E501
+# fmt: on
 GPT2_SPECIAL_TOKENS = {ENDOFTEXT: 50256}
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 

@@ -82,9 +82,9 @@ def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: Loade
                               f"{max_seq_len} of model {model.name!r}")
     room = max_seq_len - start_position
     keep = min(room, limits.max_tokens_per_request)
-    if T > keep:
+    if keep < T:
         if truncate == pb.TRUNCATE_NONE:
-            if T > limits.max_tokens_per_request:
+            if limits.max_tokens_per_request < T:
                 raise InvalidArgument(f"{field} has T={T} tokens; max_tokens_per_request is "
                                       f"{limits.max_tokens_per_request} (or set truncate)")
             raise InvalidArgument(f"start_position ({start_position}) + T ({T}) = "

@@ -44,7 +44,8 @@ def test_concurrent_jobs_share_one_batch_and_match_single(tables: EmbeddingTable
         return list(out), seen
 
     out, seen = run(main())
-    assert [s.batch_requests for s in seen] == [8] * 8 and seen[0].batch_tokens == 16
+    assert [s.batch_requests for s in seen] == [8] * 8
+    assert seen[0].batch_tokens == 16
     token_table, position_table = tiny_tables(0)
     for i, data in enumerate(out):
         assert data == (token_table[[i, i + 1]] + position_table[:2]).numpy().tobytes()
@@ -95,7 +96,8 @@ def test_expired_and_cancelled_jobs_are_dropped_before_compute(
         return seen
 
     seen = run(main())
-    assert len(seen) == 1 and seen[0].batch_requests == 1  # only the kept job was computed
+    assert len(seen) == 1
+    assert seen[0].batch_requests == 1
 
 
 def test_deadline_already_passed_is_refused_at_submit(tables: EmbeddingTables) -> None:

@@ -9,9 +9,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from service.checkpoint import (EMBEDDINGS_FILE, MANIFEST_FILE, CheckpointError, Manifest,
-                                list_versions, next_version, read_checkpoint, read_safetensors,
-                                verify_checkpoint, write_checkpoint)
+from service.checkpoint import (
+    EMBEDDINGS_FILE,
+    MANIFEST_FILE,
+    CheckpointError,
+    Manifest,
+    list_versions,
+    next_version,
+    read_checkpoint,
+    read_safetensors,
+    verify_checkpoint,
+    write_checkpoint,
+)
 from service.tokenizer import GPT2_RANKS_SHA256, gpt2_spec
 from tests.tiny_model import DIM, MAX_SEQ_LEN, TABLE_ROWS, VOCAB_SIZE, MakeCheckpoint, tiny_tables
 
@@ -23,7 +32,8 @@ def test_round_trip_is_bit_exact(tmp_path: Path, make_checkpoint: MakeCheckpoint
     assert torch.equal(ckpt.token_table, token_table)
     assert torch.equal(ckpt.position_table, position_table)
     assert ckpt.token_table.shape == (TABLE_ROWS, DIM)
-    assert ckpt.row_updates is not None and int(ckpt.row_updates.sum()) == 7 * 1000
+    assert ckpt.row_updates is not None
+    assert int(ckpt.row_updates.sum()) == 7 * 1000
     m = ckpt.manifest
     assert (m.vocab_size, m.table_rows, m.dim, m.max_seq_len) == (VOCAB_SIZE, TABLE_ROWS, DIM,
                                                                    MAX_SEQ_LEN)
@@ -84,7 +94,7 @@ def test_failed_write_leaves_nothing(tmp_path: Path, gpt2_ranks: Path) -> None:
 
 
 def test_writer_refuses_inconsistent_tables(tmp_path: Path, gpt2_ranks: Path) -> None:
-    token_table, position_table = tiny_tables(0)
+    token_table, _position_table = tiny_tables(0)
     common = {"tokenizer_spec": gpt2_spec(), "tokenizer_ranks": gpt2_ranks,
               "max_seq_len": MAX_SEQ_LEN}
     with pytest.raises(ValueError, match="rows < vocab_size"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -55,7 +54,8 @@ def test_hello_world_exact_rows(stub: pb_grpc.EmbeddingServiceStub) -> None:
     token_table, position_table = tiny_tables(0)
     r = stub.Embed(pb.EmbedRequest(text="hello world", request_id="req-1"))
     assert list(r.token_ids) == [31373, 995]
-    assert list(r.embeddings.shape) == [2, 16] and r.embeddings.dtype == pb.DTYPE_FLOAT32
+    assert list(r.embeddings.shape) == [2, 16]
+    assert r.embeddings.dtype == pb.DTYPE_FLOAT32
     assert len(r.embeddings.data) == 2 * 16 * 4
     expected = token_table[[31373, 995]] + position_table[[0, 1]]  # (T, C)
     assert torch.equal(rows(r.embeddings), expected)
@@ -108,7 +108,8 @@ def test_half_dtypes_are_the_float32_result_cast(stub: pb_grpc.EmbeddingServiceS
     full = rows(stub.Embed(req).embeddings)
     req.dtype = dtype  # type: ignore[assignment]
     half = stub.Embed(req).embeddings
-    assert half.dtype == dtype and len(half.data) == full.numel() * 2
+    assert half.dtype == dtype
+    assert len(half.data) == full.numel() * 2
     assert torch.equal(rows(half), full.to(torch_dtype))
 
 
@@ -138,7 +139,8 @@ def test_truncation(stub: pb_grpc.EmbeddingServiceStub, truncate: int, kept: lis
     token_table, position_table = tiny_tables(0)
     r = stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=list(range(100, 110))),
                                    start_position=start, truncate=truncate))
-    assert list(r.token_ids) == kept and r.truncated_tokens == 6
+    assert list(r.token_ids) == kept
+    assert r.truncated_tokens == 6
     assert r.start_position == start
     assert torch.equal(rows(r.embeddings), token_table[kept] + position_table[60:64])
 
@@ -161,7 +163,9 @@ def test_batch_equals_single_bit_for_bit(stub: pb_grpc.EmbeddingServiceStub, dty
     batch = stub.EmbedBatch(pb.EmbedBatchRequest(inputs=inputs, dtype=dtype, compose=compose,
                                                  request_id="b"))
     packed = rows(batch.embeddings)
-    assert batch.request_id == "b" and len(batch.offsets) == 4 and batch.offsets[0] == 0
+    assert batch.request_id == "b"
+    assert len(batch.offsets) == 4
+    assert batch.offsets[0] == 0
     for i, inp in enumerate(inputs):
         single = stub.Embed(pb.EmbedRequest(dtype=dtype, compose=compose,
                                             start_position=inp.start_position,
@@ -200,13 +204,15 @@ def test_stream_preserves_request_order(stub: pb_grpc.EmbeddingServiceStub) -> N
 
 def test_tokenize_detokenize_and_model_rpcs(stub: pb_grpc.EmbeddingServiceStub) -> None:
     t = stub.Tokenize(pb.TokenizeRequest(text="hello world"))
-    assert list(t.token_ids) == [31373, 995] and list(t.tokens) == [b"hello", b" world"]
+    assert list(t.token_ids) == [31373, 995]
+    assert list(t.tokens) == [b"hello", b" world"]
     assert stub.Detokenize(pb.DetokenizeRequest(token_ids=[31373, 995])).text == "hello world"
     models = stub.ListModels(pb.ListModelsRequest()).models
     assert [(m.model, m.version, m.position) for m in models] == [("rope", 1, "none"),
                                                                    ("tiny", 1, "learned")]
     info = stub.GetModelInfo(pb.GetModelInfoRequest(model="tiny"))
     assert (info.vocab_size, info.table_rows, info.dim, info.max_seq_len) == (50257, 50304, 16, 64)
-    assert info.is_default and info.has_row_updates
+    assert info.is_default
+    assert info.has_row_updates
     assert info.untrained_rows == 50257 - TRAINED_ROWS
     assert info.tokenizer.special_tokens["<|endoftext|>"] == 50256

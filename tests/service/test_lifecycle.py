@@ -76,14 +76,16 @@ def test_bad_version_refused_previous_keeps_serving(tmp_path: Path,
                 wait_for(lambda: any("refused model=tiny version=2" in r.getMessage()
                                      for r in caplog.records))
             line = next(r.getMessage() for r in caplog.records if "version=2" in r.getMessage())
-            assert "embeddings.safetensors: sha256" in line and "does not match" in line
+            assert "embeddings.safetensors: sha256" in line
+            assert "does not match" in line
             assert stub.Embed(GOOD).version == 1  # the previous version keeps serving
             shutil.move(str(make_checkpoint(staging, version=3, seed=6)), repo / "tiny" / "3")
             wait_for(lambda: stub.Embed(GOOD).version == 3)
         metrics = scrape(handle)
         assert 'embed_model_loads_total{model="tiny",result="error"} 1.0' in metrics
         assert 'embed_model_loads_total{model="tiny",result="ok"} 2.0' in metrics
-        assert 'embed_model_info{' in metrics and 'version="3"' in metrics
+        assert 'embed_model_info{' in metrics
+        assert 'version="3"' in metrics
         assert 'version="1"' not in metrics.split("embed_model_info{", 1)[1]
     finally:
         handle.stop()
@@ -164,7 +166,8 @@ def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_repo: Path) -> Non
             assert list(in_flight.result().token_ids) == [31373, 995]
         assert proc.wait(timeout=20) == 0
         rest = proc.stderr.read()
-        assert "draining" in rest and "stopped" in rest
+        assert "draining" in rest
+        assert "stopped" in rest
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -45,5 +45,5 @@ def test_ranks_file_checked(tmp_path: Path, gpt2_ranks: Path) -> None:
     with pytest.raises(ValueError, match="sha256 does not match"):
         load_tokenizer(gpt2_spec(), bad)
     (tmp_path / "junk.tiktoken").write_bytes(b"not base64!! x\n")
-    with pytest.raises(ValueError, match="junk.tiktoken:1"):
+    with pytest.raises(ValueError, match=r"junk\.tiktoken:1"):
         load_ranks(tmp_path / "junk.tiktoken")
