@@ -109,6 +109,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     p.add_argument("--duration", type=float, help="seconds per cell and repetition")
     p.add_argument("--warmup", type=float, help="warm-up seconds before each measurement")
     p.add_argument("--out", type=Path, help="results folder (default bench/results)")
+    p.add_argument("--model-cache", type=Path,
+                   help="where the benchmark checkpoint is kept (default OUT/.model)")
     p.add_argument("--device", help="service --device (default cpu)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra flag passed to the service, e.g. --server-arg=--workers=2")
@@ -125,8 +127,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         "max_seq_len": max(cfg.max_seq_len, *ns.ts) if ns.ts else None,
     }
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
-    if ns.out is not None:
-        cfg = replace(cfg, model_cache=ns.out / ".model")
+    if ns.model_cache is not None or ns.out is not None:
+        cfg = replace(cfg, model_cache=ns.model_cache or ns.out / ".model")
     if ns.server_arg:
         cfg = replace(cfg, extra_server_args=tuple(ns.server_arg))
     return cfg

@@ -38,7 +38,9 @@ def plot_report(report: Mapping[str, Any], path: Path) -> Path:
                             for t, d, c in points], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("requests/s (median)")
-        ax.set_title(f"{mode}: service vs transport ceiling vs naive (repeated float)")
+        naive_note = "" if mode in {c["mode"] for c in report["cells"] if c["backend"] == "naive"} \
+            else "; naive bars are its unary figures"
+        ax.set_title(f"{mode}: service vs transport ceiling vs naive (repeated float{naive_note})")
         ax.legend()
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

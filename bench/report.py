@@ -151,10 +151,16 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"{m['req_s']:>9.1f} {m['tokens_s']:>11.0f} {m['mb_s']:>8.1f} {m['p50_ms']:>8.3f} "
             f"{m['p99_ms']:>8.3f} {_fmt(comp.get('service_over_ceiling'), '>8.2f')} "
             f"{_fmt(comp.get('service_over_naive'), '>9.1f')}")
-    reps = report["meta"].get("reps", "?")
-    lines += ["", f"targets (medians of {reps} interleaved repetitions):"]
+    meta = report["meta"]
+    lines += ["", f"targets (medians of {meta.get('reps', '?')} interleaved repetitions):"]
     for t in report["targets"]:
         verdict = "MET    " if t["met"] else "NOT MET"
         lines.append(f"  [{verdict}] {t['name']} = {t['value']:.2f} (target {t['op']} "
                      f"{t['bound']:g})")
+    if meta.get("quick"):
+        lines.append("  (--quick: tiny sizes; these verdicts say nothing about the targets)")
+    load, cpus = max(meta.get("loadavg_before", 0), meta.get("loadavg_after", 0)), meta.get("cpus")
+    if cpus and load > cpus:
+        lines.append(f"  warning: load average {load:.1f} on {cpus} CPUs: other work on this "
+                     "machine skewed these figures")
     return "\n".join(lines)

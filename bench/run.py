@@ -39,18 +39,20 @@ def _requests(cell: Cell, rng: random.Random) -> list[pb.EmbedRequest]:
         for _ in range(_REQUESTS_PER_CELL)]
 
 
-def _meta(cfg: BenchConfig, started: float) -> dict[str, Any]:
+def _meta(cfg: BenchConfig, started: float, load_before: float) -> dict[str, Any]:
     return {"started": datetime.fromtimestamp(started, UTC).isoformat(),
             "seconds": round(time.time() - started, 1), "host": platform.node(),
             "cpus": os.cpu_count(), "python": sys.version.split()[0],
             "device": cfg.device, "C": cfg.dim, "reps": cfg.reps,
             "duration_s": cfg.duration_s, "warmup_s": cfg.warmup_s, "quick": cfg.quick,
-            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+            # Other work on the machine skews every figure; the 1-minute load says how much.
+            "loadavg_before": round(load_before, 2), "loadavg_after": round(os.getloadavg()[0], 2)}
 
 
 def run_bench(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
     """Run every cell ``cfg.reps`` times, interleaved; write bench.json and bench.png."""
-    started = time.time()
+    started, load_before = time.time(), os.getloadavg()[0]
     cfg.out.mkdir(parents=True, exist_ok=True)
     repo = ensure_model(cfg.model_cache, cfg.dim, cfg.max_seq_len)
     cells = cfg.cells()
@@ -73,7 +75,7 @@ def run_bench(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
             log(f"bench: repetition {rep + 1}/{cfg.reps} done in {time.time() - t0:.0f}s")
     finally:
         stop_servers(servers)
-    report = build_report(cfg, results, _meta(cfg, started))
+    report = build_report(cfg, results, _meta(cfg, started, load_before))
     (cfg.out / "bench.json").write_text(json.dumps(report, indent=1))
     plot_report(report, cfg.out / "bench.png")
     return report
