@@ -62,7 +62,8 @@ def test_instructions(name: str) -> None:
     assert json.loads(_one(name, "ENTRYPOINT")) == ["/app/scripts/serve.sh"]
     assert "scripts/setup.sh runtime;" in _install_step(name)
     env = " ".join(r for w, r in _instructions(name) if w == "ENV")
-    assert "EMBED_MODEL_REPOSITORY=/models" in env and "EMBED_HOST=0.0.0.0" in env
+    assert "EMBED_MODEL_REPOSITORY=/models" in env
+    assert "EMBED_HOST=0.0.0.0" in env
     device = "cuda" if name.endswith("cuda") else "cpu"
     assert f"EMBED_DEVICE={device}" in env
 
@@ -86,8 +87,10 @@ def _run_install_step(name: str, tmp_path: Path, **build_args: str) -> tuple[str
     shutil.copy(REPO / "requirements.txt", tmp_path / "requirements.txt")
     (tmp_path / "scripts").mkdir()
     stub = tmp_path / "scripts" / "setup.sh"
-    stub.write_text('#!/bin/sh\nset -eu\necho "$1" > setup.args\n(env | grep "^PIP_" || true) > pip.env\n'
-                    'if [ -n "${PIP_CONSTRAINT:-}" ]; then cp "$PIP_CONSTRAINT" constraint.txt; fi\n'
+    stub.write_text('#!/bin/sh\nset -eu\necho "$1" > setup.args\n'
+                    '(env | grep "^PIP_" || true) > pip.env\n'
+                    'if [ -n "${PIP_CONSTRAINT:-}" ]; then\n'
+                    '  cp "$PIP_CONSTRAINT" constraint.txt\nfi\n'
                     'mkdir -p .venv/bin\nprintf "#!/bin/sh\\nexit 0\\n" > .venv/bin/python\n'
                     'chmod +x .venv/bin/python\n')
     stub.chmod(0o755)
@@ -117,7 +120,8 @@ def test_cpu_install_selects_the_cpu_variant_of_the_pinned_torch(tmp_path: Path)
 def test_cuda_install_defaults_to_pypi_and_takes_a_variant(tmp_path: Path) -> None:
     constraint, pip_env = _run_install_step("Dockerfile.cuda", tmp_path / "default")
     assert constraint == ""
-    assert "PIP_EXTRA_INDEX_URL" not in pip_env and "PIP_CONSTRAINT" not in pip_env
+    assert "PIP_EXTRA_INDEX_URL" not in pip_env
+    assert "PIP_CONSTRAINT" not in pip_env
     constraint, pip_env = _run_install_step(
         "Dockerfile.cuda", tmp_path / "cu126",
         TORCH_INDEX_URL="https://download.pytorch.org/whl/cu126", TORCH_VARIANT="cu126")
@@ -127,8 +131,10 @@ def test_cuda_install_defaults_to_pypi_and_takes_a_variant(tmp_path: Path) -> No
 
 
 
-@pytest.mark.parametrize(("name", "exit_code"),
-                         [("Dockerfile", False), ("Dockerfile.cuda", "expected a CUDA build of torch")])
+@pytest.mark.parametrize(("name", "exit_code"), [
+    ("Dockerfile", False),
+    ("Dockerfile.cuda", "expected a CUDA build of torch"),
+])
 def test_torch_build_check_on_this_cpu_torch(name: str, exit_code: object) -> None:
     """The install step's own check, run here (torch is already imported): this machine's CPU
     torch passes the CPU image's check and fails the CUDA image's."""

@@ -49,7 +49,8 @@ def test_probes_are_native_grpc_on_50051(overlay: str, manifests: dict[str, Obje
         spec = server[probe]
         assert spec["grpc"] == {"port": 50051}, probe
         assert not {"httpGet", "tcpSocket", "exec"} & spec.keys(), probe
-    assert server["startupProbe"]["periodSeconds"] * server["startupProbe"]["failureThreshold"] == 300
+    startup = server["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 300  # 5 min to load
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -86,7 +87,8 @@ def test_termination_grace_exceeds_shutdown_grace(overlay: str,
 def test_containers_run_non_root_read_only(overlay: str, manifests: dict[str, Objects]) -> None:
     spec = _pod(manifests[overlay])["spec"]
     pod_sc = spec["securityContext"]
-    assert (pod_sc["runAsNonRoot"], pod_sc["runAsUser"], pod_sc["runAsGroup"]) == (True, 10001, 10001)
+    assert pod_sc["runAsNonRoot"] is True
+    assert (pod_sc["runAsUser"], pod_sc["runAsGroup"]) == (10001, 10001)
     assert spec["automountServiceAccountToken"] is False
     assert spec["serviceAccountName"] == NAME
     for container in spec["containers"] + spec.get("initContainers", []):
@@ -95,7 +97,8 @@ def test_containers_run_non_root_read_only(overlay: str, manifests: dict[str, Ob
         assert sc["readOnlyRootFilesystem"] is True
         assert sc["allowPrivilegeEscalation"] is False
         assert sc["capabilities"] == {"drop": ["ALL"]}
-        assert "limits" in container["resources"] and "requests" in container["resources"]
+        assert "limits" in container["resources"]
+        assert "requests" in container["resources"]
 
 
 def test_dockerfile_user_matches_run_as_user(manifests: dict[str, Objects]) -> None:
@@ -131,7 +134,8 @@ def test_gpu_overlay(manifests: dict[str, Objects]) -> None:
     assert parse_config([], environ=_config(objs)).device == "cuda"
     assert server["image"] == "embedding-service:0.1.0-cuda"
     spec = _pod(objs)["spec"]
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert gpu_taint in spec["tolerations"]
     assert objs[("HorizontalPodAutoscaler", NAME)]["spec"]["minReplicas"] == 1
 
 

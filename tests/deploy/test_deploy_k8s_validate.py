@@ -30,7 +30,8 @@ def test_overlay_validates_strict(overlay: str, rendered: dict[str, str],
     proc = _validate(kubernetes_validate, path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # One "passed" line per object: nothing was silently left unchecked.
-    passed = [ln for ln in (proc.stdout + proc.stderr).splitlines() if " passed for resource " in ln]
+    lines = (proc.stdout + proc.stderr).splitlines()
+    passed = [ln for ln in lines if " passed for resource " in ln]
     assert len(passed) == len(manifests[overlay])
 
 
