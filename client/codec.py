@@ -128,6 +128,14 @@ def _enum(value: str | int, table: Mapping[str, int], what: str) -> Any:
         raise ValueError(f"{what} {value!r}: expected one of {', '.join(table)}") from None
 
 
+def _check_names(options: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    # **options is a plain dict at run time: a misspelt name would otherwise be ignored.
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; expected some of "
+                        f"{', '.join(sorted(allowed))}")
+
+
 def _token_ids(ids: Sequence[int]) -> pb.TokenIds:
     return pb.TokenIds(ids=[int(i) for i in ids])
 
@@ -135,6 +143,7 @@ def _token_ids(ids: Sequence[int]) -> pb.TokenIds:
 def embed_request(text: str | None = None, ids: Sequence[int] | None = None,
                   **options: Unpack[EmbedOptions]) -> pb.EmbedRequest:
     """An EmbedRequest for exactly one of ``text`` or ``ids``; ValueError on bad options."""
+    _check_names(options, EmbedOptions.__optional_keys__)
     if (text is None) == (ids is None):
         raise ValueError("give exactly one of text or ids")
     req = pb.EmbedRequest(
@@ -155,6 +164,7 @@ def embed_request(text: str | None = None, ids: Sequence[int] | None = None,
 def batch_request(inputs: Sequence[str | Sequence[int]], start_positions: int | Sequence[int],
                   **options: Unpack[BatchOptions]) -> pb.EmbedBatchRequest:
     """An EmbedBatchRequest: one EmbedInput per text or id sequence, shared options."""
+    _check_names(options, BatchOptions.__optional_keys__)
     starts = ([start_positions] * len(inputs) if isinstance(start_positions, int)
               else list(start_positions))
     if len(starts) != len(inputs):

@@ -97,6 +97,13 @@ def test_embed_request_rejects_bad_arguments() -> None:
         embed_request("a", dtype="fp8")
     with pytest.raises(ValueError, match="truncate 'middle'"):
         embed_request("a", truncate="middle")
+    with pytest.raises(TypeError) as type_info:
+        embed_request("a", dtyp="float16")  # type: ignore[call-arg]
+    assert str(type_info.value) == (
+        "unknown option(s) dtyp; expected some of allow_special_tokens, compose, dtype, model, "
+        "request_id, start_position, truncate, version")
+    with pytest.raises(TypeError, match=r"unknown option\(s\) start_position;"):
+        batch_request(["a"], 0, start_position=3)  # type: ignore[call-arg]
 
 
 def test_batch_request_and_stream_items() -> None:
