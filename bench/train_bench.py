@@ -189,7 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "cpu_count": os.cpu_count(),
                     "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
                     "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")},
+                    "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+                    "tf32": torch.backends.cuda.matmul.allow_tf32,
+                    "load_average_at_start": os.getloadavg()},  # other work skews CPU figures
         "peak_fp32_matmul_flops": peak, "corpus_tokens": len(ids),
         "batch": {"B": BATCH_SIZE, "T": T, "tokens_per_step": BATCH_SIZE * T,
                   "distinct_ids_per_step": statistics.median(
@@ -228,9 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{f'C={dim}':<34}{_median_ms(dense):>9.2f}{_median_ms(sparse_t):>10.2f}"
               f"{speedup:>8.1f}x")
     report["wall_s"] = time.perf_counter() - started
+    report["machine"]["load_average_at_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out} ({report['wall_s']:.0f} s)")
+    print(f"\nwrote {args.out} ({report['wall_s']:.0f} s; load average "
+          f"{report['machine']['load_average_at_start'][0]:.1f} -> {os.getloadavg()[0]:.1f})")
     return 0
 
 
