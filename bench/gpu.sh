@@ -4,10 +4,10 @@
 #
 #   here, once:  bench/gpu_wheels.sh          (grpcio/protobuf wheels for the GPU image -> .whl/)
 #   there:       run(command="bench/gpu.sh", carry=[".whl", "assets"], timeout_s=420)
-#   dry run:     DEVICE=cpu PYTHON=.venv/bin/python QUICK=1 bench/gpu.sh
+#   dry run:     DEVICE=cpu PYTHON=.venv/bin/python QUICK=1 SKIP_WHEELS=1 bench/gpu.sh
 #
 # Env: DEVICE (cuda), PYTHON (python3 with torch), OUT (bench/results/gpu), QUICK=1 (smoke
-# sizes), TEST_TIMEOUT / BENCH_TIMEOUT (seconds per stage). A failing stage does not stop the
+# sizes), SKIP_WHEELS=1 (use PYTHON's own packages), TEST_TIMEOUT / BENCH_TIMEOUT (seconds per stage). A failing stage does not stop the
 # next one; the exit status is non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,13 +30,13 @@ fi
 [ -n "$PY" ] || { say "no python with torch found"; exit 2; }
 
 # Nothing can be fetched on the GPU machine: install the wheels carried in .whl/, if any.
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [ -z "${SKIP_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$WORK/site" .whl/*.whl || { say "installing .whl/ failed"; exit 2; }
   export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # The repo itself, without `pip install -e` (which would need setuptools and a writable env).
-export PYTHONPATH="$PWD:$PYTHONPATH"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 say "device=$DEVICE python=$PY ($("$PY" --version 2>&1))"
 "$PY" - "$DEVICE" >>"$OUT/gpu_env.txt" 2>&1 <<'PYEOF'
