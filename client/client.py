@@ -119,11 +119,14 @@ class EmbeddingClient(_Channel):
         ``options`` (as in embed()) apply to str and id items, not to ready EmbedRequests.
         """
         reqs = (stream_request(item, **options) for item in requests)
+        call = self._stub.EmbedStream(reqs, **self._kw(timeout))
         try:
-            for resp in self._stub.EmbedStream(reqs, **self._kw(timeout)):
+            for resp in call:
                 yield decode_embedding(resp, self.raw_bfloat16)
         except grpc.RpcError as e:
             raise EmbeddingError.from_rpc(e) from e
+        finally:
+            call.cancel()  # a consumer that stops early must not leave the stream open
 
     def tokenize(self, text: str, *, model: str = "", version: int = 0,
                  allow_special_tokens: bool = False,
@@ -205,11 +208,14 @@ class AsyncEmbeddingClient(_Channel):
                 for item in requests:
                     yield stream_request(item, **options)
 
+        call = self._stub.EmbedStream(reqs(), **self._kw(timeout))
         try:
-            async for resp in self._stub.EmbedStream(reqs(), **self._kw(timeout)):
+            async for resp in call:
                 yield decode_embedding(resp, self.raw_bfloat16)
         except grpc.RpcError as e:
             raise EmbeddingError.from_rpc(e) from e
+        finally:
+            call.cancel()  # a consumer that stops early must not leave the stream open
 
     async def tokenize(self, text: str, *, model: str = "", version: int = 0,
                        allow_special_tokens: bool = False,

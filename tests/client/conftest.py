@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +10,6 @@ import pytest
 import torch
 
 from service.checkpoint import Checkpoint, read_checkpoint
-from service.server import ServerHandle
-from tests.tiny_model import start
-
-AUTH_TOKEN = "s3cret-token"
 
 Reference = Callable[..., np.ndarray]
 
@@ -22,14 +18,6 @@ Reference = Callable[..., np.ndarray]
 def tiny_checkpoint(tiny_repo: Path) -> Checkpoint:
     """The checkpoint `server` serves as "tiny", read by the real reader: the oracle."""
     return read_checkpoint(tiny_repo / "tiny" / "1")
-
-
-@pytest.fixture(scope="session")
-def auth_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """A second server over the same repository that requires ``Bearer AUTH_TOKEN``."""
-    handle = start(tiny_repo, auth_token=AUTH_TOKEN)
-    yield handle
-    handle.stop(grace=0.5)
 
 
 @pytest.fixture(scope="session")

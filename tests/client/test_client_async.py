@@ -98,3 +98,20 @@ def test_async_errors_are_typed(server: ServerHandle) -> None:
         run("127.0.0.1:1", lambda c: c.embed("x"))
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
     assert info.value.unreachable
+
+
+def test_async_stream_closed_early_is_cancelled(server: ServerHandle) -> None:
+    async def endless() -> AsyncIterator[list[int]]:
+        n = 0
+        while True:
+            n += 1
+            await asyncio.sleep(0)
+            yield [n]
+
+    async def body(c: AsyncEmbeddingClient) -> tuple[list[int], list[int]]:
+        stream = c.embed_stream(endless())
+        first = await anext(stream)
+        await stream.aclose()  # must return, not wait on the endless request source
+        return first.token_ids, (await c.embed("hello world")).token_ids
+
+    assert run(server.target, body) == ([1], HELLO_WORLD)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import grpc
 import numpy as np
 import pytest
@@ -11,9 +14,18 @@ from client import EmbeddingClient, EmbeddingError
 from client._gen.embedding.v1 import embedding_pb2 as pb
 from service.checkpoint import Checkpoint
 from service.server import ServerHandle
-from tests.client.conftest import AUTH_TOKEN
+from tests.tiny_model import start
 
 HELLO_WORLD = [31373, 995]
+AUTH_TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def auth_server(tiny_repo: Path) -> Iterator[ServerHandle]:
+    """A second server over the same repository that requires ``Bearer AUTH_TOKEN``."""
+    handle = start(tiny_repo, auth_token=AUTH_TOKEN)
+    yield handle
+    handle.stop(grace=0.5)
 
 
 @pytest.fixture
@@ -161,6 +173,12 @@ def test_unreachable_server_is_unavailable() -> None:
     assert info.value.unreachable
 
 
+def test_deadline_is_passed_to_the_server(client: EmbeddingClient) -> None:
+    with pytest.raises(EmbeddingError) as info:
+        client.embed("hello world", timeout=1e-6)
+    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 def test_bearer_token_is_sent(auth_server: ServerHandle) -> None:
     with EmbeddingClient(auth_server.target, timeout=30, token=AUTH_TOKEN) as c:
         assert c.embed("hello world").token_ids == HELLO_WORLD
@@ -169,3 +187,17 @@ def test_bearer_token_is_sent(auth_server: ServerHandle) -> None:
                 pytest.raises(EmbeddingError) as info:
             c.embed("hello world")
         assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_stream_stopped_early_is_cancelled(client: EmbeddingClient) -> None:
+    sent: list[int] = []
+
+    def endless() -> Iterator[list[int]]:
+        while True:
+            sent.append(1)
+            yield [len(sent) % 50257]
+
+    stream = client.embed_stream(endless())
+    assert next(stream).token_ids == [1]
+    stream.close()  # must return, not hang on the open request iterator
+    assert client.embed("hello world").token_ids == HELLO_WORLD  # the channel still works
