@@ -171,3 +171,28 @@ def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_repo: Path) -> Non
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_workers_share_one_port_and_stop_on_sigterm(tiny_repo: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--model-repository", str(tiny_repo),
+         "--grpc-port", str(port), "--metrics-port", "-1", "--workers", "2",
+         "--default-model", "tiny", "--shutdown-grace-seconds", "2"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stderr is not None
+        serving = 0
+        for line in proc.stderr:
+            serving += " serving " in line
+            if serving == 2:
+                break
+        assert serving == 2, "both workers log that they serve"
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.EmbeddingServiceStub(channel)
+            assert list(stub.Embed(GOOD, timeout=10).token_ids) == [31373, 995]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
