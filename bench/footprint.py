@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -124,7 +125,7 @@ def _startup(repo: Path) -> float:
     return seconds
 
 
-def _workers(repo: Path, n: int) -> dict[str, float]:
+def _workers(repo: Path, n: int) -> dict[str, Any]:
     port = free_port()
     proc = _launch(repo, port, True, workers=2)
     try:
