@@ -167,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.train_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu | cuda[:N]")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--steps", type=int, default=5, help="timed model steps per variant")
     p.add_argument("--table-steps", type=int, default=10, help="timed table steps per variant")
     p.add_argument("--warmup", type=int, default=2)
@@ -178,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "bench.train_bench",
                                   *(sys.argv[1:] if argv is None else argv)])
 
+    if args.threads:  # 1 thread is robust to other load: no parallel region waits on a straggler
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     ids = corpus_ids()
     T = MODEL.block_size

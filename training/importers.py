@@ -23,23 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from service.checkpoint import MANIFEST_FILE, Manifest, write_checkpoint
 from service.tokenizer import TokenizerSpec, default_ranks_path, gpt2_spec, load_tokenizer
 
 __all__ = [
-    "HF_GPT2_NAMES",
-    "HF_LLAMA_NAMES",
-    "LLAMA3_PAT_STR",
-    "NANOGPT_NAMES",
-    "ImporterError",
-    "SourceTables",
-    "load_hf_gpt2",
-    "load_hf_llama",
-    "load_nanogpt",
-    "main",
-    "resolve_names",
+    "HF_GPT2_NAMES", "HF_LLAMA_NAMES", "LLAMA3_PAT_STR", "NANOGPT_NAMES", "ImporterError",
+    "SourceTables", "load_hf_gpt2", "load_hf_llama", "load_nanogpt", "main", "resolve_names",
     "write_imported",
 ]
 
@@ -328,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         spec, ranks = _tokenizer_args(args)
         manifest = write_imported(args.out, tables, position, spec, ranks, args.dtype)
-    except (ImporterError, FileExistsError, OSError, ValueError) as e:
+    except (ImporterError, SafetensorError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     checkpoint_id = hashlib.sha256((args.out / MANIFEST_FILE).read_bytes()).hexdigest()

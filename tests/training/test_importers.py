@@ -169,6 +169,23 @@ def test_shape_mismatch_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "wpe.weight has shape (32, 8), expected (64, 8) = [n_positions, n_embd]" in err
 
 
+def test_corrupt_safetensors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _fake_hf_dir(tmp_path / "src", {"wte.weight": torch.zeros(4, 8)})
+    (src / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json")
+    assert main(["hf-gpt2", str(src), "--out", str(tmp_path / "m" / "1")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    assert not (tmp_path / "m").exists()
+
+
+def test_not_safetensors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    _gpt2_config().save_pretrained(src)
+    (src / "pytorch_model.bin").write_bytes(b"a pickle we must never open")
+    assert main(["hf-gpt2", str(src), "--out", str(tmp_path / "m" / "1")]) == 2
+    assert "no model.safetensors or model.safetensors.index.json" in capsys.readouterr().err
+
+
 def test_vocab_smaller_than_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = _fake_hf_dir(tmp_path / "src", {"wte.weight": torch.zeros(1000, 8),
                                           "wpe.weight": torch.zeros(64, 8)}, vocab_size=1000)
