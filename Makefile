@@ -22,7 +22,6 @@ test: setup      ## the whole test suite (no network)
 
 check: setup proto-check  ## ruff + mypy
 	@$(VENV)/bin/ruff check .
-	@$(VENV)/bin/ruff format --check . || true
 	@$(VENV)/bin/mypy
 
 proto: setup     ## regenerate client/_gen from proto/
@@ -32,7 +31,8 @@ proto-check: setup
 	@$(PY) scripts/gen_proto.py --check
 
 bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/results/)
-	@scripts/serve.sh --bench
+	@$(PY) -m bench
+	@$(PY) -m bench.footprint
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -49,6 +49,7 @@ class EmbeddingServer:
                                parse_pins(config.pin_versions), self._on_load)
         self.batcher = Batcher(config.max_batch_tokens, config.max_batch_delay_us,
                                config.max_queue_tokens, self.metrics.observe_batch)
+        self.metrics.queue_tokens.set_function(lambda: self.batcher.queued_tokens)
         threads = config.tokenize_threads or (os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="embed-tokenize")
         self.service = EmbeddingService(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -83,13 +84,23 @@ def test_position_only_without_table(stub: pb_grpc.EmbeddingServiceStub) -> None
 
 
 @pytest.fixture(scope="module")
-def limited(tiny_repo: Path) -> Iterator[pb_grpc.EmbeddingServiceStub]:
+def limited_server(tiny_repo: Path) -> Iterator[ServerHandle]:
     """Small limits; a 300 ms batch delay keeps work queued long enough to collide."""
     handle = start(tiny_repo, max_text_bytes=16, max_message_bytes=2000, max_batch_tokens=8,
                    max_queue_tokens=8, max_batch_delay_us=300_000, auth_token="t0ken")
-    with grpc.insecure_channel(handle.target) as channel:
-        yield pb_grpc.EmbeddingServiceStub(channel)
+    yield handle
     handle.stop()
+
+
+@pytest.fixture(scope="module")
+def limited(limited_server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
+    with grpc.insecure_channel(limited_server.target) as channel:
+        yield pb_grpc.EmbeddingServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def limited_metrics(limited_server: ServerHandle) -> int:
+    return limited_server.metrics_port
 
 
 AUTH = {"metadata": (("authorization", "Bearer t0ken"),)}
@@ -119,9 +130,12 @@ def test_response_over_message_size_names_largest_t(
            "the largest T that fits is 12", **AUTH)
 
 
-def test_queue_full(limited: pb_grpc.EmbeddingServiceStub) -> None:
+def test_queue_full(limited: pb_grpc.EmbeddingServiceStub, limited_metrics: int) -> None:
     first = limited.Embed.future(pb.EmbedRequest(token_ids=ids(*range(6))), **AUTH)  # type: ignore[arg-type]
     time.sleep(0.1)  # the first is queued, waiting out the batch delay
+    url = f"http://127.0.0.1:{limited_metrics}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert "embed_queue_tokens 6.0" in response.read().decode()
     expect(limited, pb.EmbedRequest(token_ids=ids(*range(6))), Code.RESOURCE_EXHAUSTED,
            "queue holds 6 tokens; this request's 6 would exceed max_queue_tokens=8; "
            "retry later", **AUTH)
@@ -129,10 +143,19 @@ def test_queue_full(limited: pb_grpc.EmbeddingServiceStub) -> None:
 
 
 def test_deadline_passed_before_compute_does_no_work(
-        limited: pb_grpc.EmbeddingServiceStub, tiny_repo: Path) -> None:
+        limited: pb_grpc.EmbeddingServiceStub, limited_metrics: int) -> None:
+    def tokens_served() -> str:
+        url = f"http://127.0.0.1:{limited_metrics}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return next((line for line in response.read().decode().splitlines()
+                         if line.startswith("embed_tokens_total")), "")
+
+    before = tokens_served()
     with pytest.raises(grpc.RpcError) as info:
         limited.Embed(pb.EmbedRequest(token_ids=ids(1, 2)), timeout=0.05, **AUTH)  # type: ignore[arg-type]
     assert info.value.code() == Code.DEADLINE_EXCEEDED
+    time.sleep(0.5)  # past the 300 ms batch delay: the job was dropped, not computed
+    assert tokens_served() == before
     assert list(limited.Embed(GOOD, **AUTH).token_ids) == [31373, 995]  # type: ignore[arg-type]
 
 
