@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -39,8 +40,20 @@ def _requests(cell: Cell, rng: random.Random) -> list[pb.EmbedRequest]:
         for _ in range(_REQUESTS_PER_CELL)]
 
 
+def _commit() -> str:
+    """The measured code: HEAD, with '+dirty' when the working tree differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def _meta(cfg: BenchConfig, started: float, load_before: float) -> dict[str, Any]:
-    return {"started": datetime.fromtimestamp(started, UTC).isoformat(),
+    return {"commit": _commit(),"started": datetime.fromtimestamp(started, UTC).isoformat(),
             "seconds": round(time.time() - started, 1), "host": platform.node(),
             "cpus": os.cpu_count(), "python": sys.version.split()[0],
             "device": cfg.device, "C": cfg.dim, "reps": cfg.reps,
