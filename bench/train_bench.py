@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,8 @@ from bench.servers import GLIBC_TUNABLES
 from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from training.model import GPT, ModelConfig
 
-__all__ = ["Batch", "batches", "corpus_ids", "flops_per_token", "main", "matmul_params",
-           "peak_matmul_flops",
-           "table_step_seconds", "train_step_seconds"]
+__all__ = ["Batch", "Timing", "batches", "corpus_ids", "flops_per_token", "main",
+           "matmul_params", "peak_matmul_flops", "table_step_seconds", "train_step_seconds"]
 
 MODEL = ModelConfig()  # the stated config: 2 layers, 4 heads, C=128, T=128, 50304 rows
 BATCH_SIZE = 8
@@ -70,21 +70,59 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def peak_matmul_flops(device: torch.device, n: int = 2048, reps: int = 5) -> float:
-    """The best fp32 FLOP/s of an (n x n) @ (n x n) matmul: the ceiling for MFU."""
+@dataclass(frozen=True)
+class Timing:
+    """Per-step wall and process-CPU seconds.
+
+    At one CPU thread, CPU time is what the step cost whatever else the machine is doing;
+    wall time is what a user waits, and swells when other processes take the cores.
+    """
+
+    wall: list[float]
+    cpu: list[float]
+
+    @property
+    def wall_median(self) -> float:
+        """Median wall seconds per step."""
+        return statistics.median(self.wall)
+
+    @property
+    def cpu_median(self) -> float:
+        """Median process-CPU seconds per step."""
+        return statistics.median(self.cpu)
+
+    def to_json(self) -> dict[str, Any]:
+        """Milliseconds, medians first."""
+        return {"wall_ms_median": 1e3 * self.wall_median, "cpu_ms_median": 1e3 * self.cpu_median,
+                "wall_ms": [1e3 * t for t in self.wall], "cpu_ms": [1e3 * t for t in self.cpu]}
+
+
+def _timed(step: Callable[[int], None], steps: int, warmup: int,
+           device: torch.device) -> Timing:
+    wall, cpu = [], []
+    for i in range(warmup + steps):
+        _sync(device)
+        t0, c0 = time.perf_counter(), time.process_time()
+        step(i)
+        _sync(device)
+        if i >= warmup:
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    return Timing(wall, cpu)
+
+
+def peak_matmul_flops(device: torch.device, n: int = 2048, reps: int = 5) -> tuple[float, float]:
+    """The best fp32 FLOP/s of an (n x n) @ (n x n) matmul, per wall and per CPU second."""
     if device.type == "cuda":
         n = 8192  # a 2048 matmul is too short to fill a datacentre GPU
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     out = torch.empty(n, n, device=device)
-    torch.mm(a, b, out=out)  # warm the kernels and the output pages
-    best = float("inf")
-    for _ in range(reps):
-        _sync(device)
-        t0 = time.perf_counter()
+
+    def step(_: int) -> None:
         torch.mm(a, b, out=out)
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+
+    t = _timed(step, reps, 1, device)  # the warmup faults in the output pages
+    return 2 * n**3 / min(t.wall), 2 * n**3 / min(t.cpu)
 
 
 def matmul_params(model: GPT) -> int:
@@ -98,21 +136,8 @@ def flops_per_token(cfg: ModelConfig, n_matmul: int) -> float:
     return 6 * n_matmul + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
-def _timed(step: Callable[[int], None], steps: int, warmup: int,
-           device: torch.device) -> list[float]:
-    times = []
-    for i in range(warmup + steps):
-        _sync(device)
-        t0 = time.perf_counter()
-        step(i)
-        _sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return times
-
-
 def train_step_seconds(cfg: ModelConfig, data: Sequence[Batch], steps: int, warmup: int,
-                       device: torch.device) -> list[float]:
+                       device: torch.device) -> Timing:
     """Seconds per full training step (forward, backward, optimizer) after warmup."""
     torch.manual_seed(0)
     model = GPT(cfg).to(device).train()
@@ -140,7 +165,7 @@ def train_step_seconds(cfg: ModelConfig, data: Sequence[Batch], steps: int, warm
 
 
 def table_step_seconds(rows: int, dim: int, data: Sequence[Batch], sparse: bool,
-                       steps: int, warmup: int, device: torch.device) -> list[float]:
+                       steps: int, warmup: int, device: torch.device) -> Timing:
     """Seconds per step of the token table alone: lookup, backward, optimizer step."""
     torch.manual_seed(0)
     table = nn.Embedding(rows, dim, sparse=sparse, device=device)
@@ -158,12 +183,50 @@ def table_step_seconds(rows: int, dim: int, data: Sequence[Batch], sparse: bool,
     return _timed(step, steps, warmup, device)
 
 
-def _median_ms(times: list[float]) -> float:
-    return 1e3 * statistics.median(times)
+def _bench_model(data: Sequence[Batch], peak: tuple[float, float], args: argparse.Namespace,
+                 device: torch.device) -> list[dict[str, Any]]:
+    T = MODEL.block_size
+    title = f"model (C={MODEL.n_embd}, L={MODEL.n_layer}, T={T}, B={BATCH_SIZE})"
+    print(f"\n{title:<30}{'wall ms':>9}{'cpu ms':>9}{'tokens/s':>10}{'MFU':>7}{'MFU cpu':>9}")
+    rows = []
+    for sparse in (False, True):
+        cfg = ModelConfig(**{**MODEL.__dict__, "sparse_embeddings": sparse})
+        t = train_step_seconds(cfg, data, args.steps, args.warmup, device)
+        n_matmul = matmul_params(GPT(cfg))
+        tokens_per_s = BATCH_SIZE * T / t.wall_median
+        model_flops = flops_per_token(cfg, n_matmul) * BATCH_SIZE * T  # per step
+        mfu, mfu_cpu = model_flops / t.wall_median / peak[0], model_flops / t.cpu_median / peak[1]
+        name = "sparse tables + SparseAdam" if sparse else "dense tables + AdamW"
+        rows.append({"name": name, "config": dict(cfg.__dict__), "matmul_params": n_matmul,
+                     "flops_per_token": flops_per_token(cfg, n_matmul), **t.to_json(),
+                     "tokens_per_s": tokens_per_s,
+                     "tokens_per_cpu_s": BATCH_SIZE * T / t.cpu_median,
+                     "mfu": mfu, "mfu_cpu_time": mfu_cpu})
+        print(f"{name:<30}{1e3 * t.wall_median:>9.1f}{1e3 * t.cpu_median:>9.1f}"
+              f"{tokens_per_s:>10.0f}{mfu:>7.1%}{mfu_cpu:>9.1%}")
+    return rows
+
+
+def _bench_table(data: Sequence[Batch], args: argparse.Namespace,
+                 device: torch.device) -> list[dict[str, Any]]:
+    title = f"token table {TABLE_ROWS} rows, B*T={BATCH_SIZE * MODEL.block_size}"
+    print(f"\n{title:<30}{'dense ms':>9}{'sparse ms':>10}{'speedup':>9}{'cpu-time':>10}")
+    rows = []
+    for dim in TABLE_DIMS:
+        dense, sparse = (table_step_seconds(TABLE_ROWS, dim, data, s, args.table_steps,
+                                            args.warmup, device) for s in (False, True))
+        speedup = dense.wall_median / sparse.wall_median
+        speedup_cpu = dense.cpu_median / sparse.cpu_median
+        rows.append({"rows": TABLE_ROWS, "dim": dim, "dense_adamw": dense.to_json(),
+                     "sparse_sparseadam": sparse.to_json(), "speedup": speedup,
+                     "speedup_cpu_time": speedup_cpu})
+        print(f"{f'C={dim}':<30}{1e3 * dense.wall_median:>9.2f}{1e3 * sparse.wall_median:>10.2f}"
+              f"{speedup:>8.1f}x{speedup_cpu:>9.1f}x")
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run both measurements, print a table, write the JSON report."""
+    """Run both measurements, print tables, write the JSON report."""
     p = argparse.ArgumentParser(prog="python -m bench.train_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu | cuda[:N]")
@@ -178,66 +241,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["GLIBC_TUNABLES"] = GLIBC_TUNABLES  # read by glibc only at process start
         os.execv(sys.executable, [sys.executable, "-m", "bench.train_bench",
                                   *(sys.argv[1:] if argv is None else argv)])
-
-    if args.threads:  # 1 thread is robust to other load: no parallel region waits on a straggler
+    if args.threads:  # at 1 thread no parallel region waits on a preempted straggler
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    ids = corpus_ids()
-    T = MODEL.block_size
+    load_start = os.getloadavg()
     device = torch.device(args.device)
-    data = [(x.to(device), y.to(device)) for x, y in batches(ids, 4, BATCH_SIZE, T)]
+    ids = corpus_ids()
+    data = [(x.to(device), y.to(device)) for x, y in batches(ids, 4, BATCH_SIZE, MODEL.block_size)]
     peak = peak_matmul_flops(device)
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"{torch.get_num_threads()} CPU threads")
+    print(f"peak fp32 matmul on {where}: {peak[0] / 1e9:.1f} GFLOP/s "
+          f"({peak[1] / 1e9:.1f} per CPU second)")
     report: dict[str, Any] = {
         "machine": {"device": str(device), "cpu": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(),
-                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
+                    "cpu_count": os.cpu_count(), "gpu": where if device.type == "cuda" else "",
                     "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                     "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
                     "tf32": torch.backends.cuda.matmul.allow_tf32,
-                    "load_average_at_start": os.getloadavg()},  # other work skews CPU figures
-        "peak_fp32_matmul_flops": peak, "corpus_tokens": len(ids),
-        "batch": {"B": BATCH_SIZE, "T": T, "tokens_per_step": BATCH_SIZE * T,
+                    "load_average_at_start": load_start},  # other work skews wall figures
+        "peak_fp32_matmul_flops": peak[0], "peak_fp32_matmul_flops_per_cpu_s": peak[1],
+        "corpus_tokens": len(ids),
+        "batch": {"B": BATCH_SIZE, "T": MODEL.block_size,
+                  "tokens_per_step": BATCH_SIZE * MODEL.block_size,
                   "distinct_ids_per_step": statistics.median(
                       len(torch.unique(inputs)) for inputs, _ in data)},
-        "model": [], "table": []}
-    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
-             else f"{torch.get_num_threads()} CPU threads")
-    print(f"peak fp32 matmul: {peak / 1e9:.1f} GFLOP/s on {where}")
-    title = f"model (C={MODEL.n_embd}, L={MODEL.n_layer}, T={T}, B={BATCH_SIZE})"
-    print(f"\n{title:<34}"
-          f"{'step ms':>9}{'tokens/s':>10}{'GFLOP/s':>9}{'MFU':>7}")
-    for sparse in (False, True):
-        cfg = ModelConfig(**{**MODEL.__dict__, "sparse_embeddings": sparse})
-        times = train_step_seconds(cfg, data, args.steps, args.warmup, device)
-        n_matmul = matmul_params(GPT(cfg))
-        tokens_per_s = BATCH_SIZE * T / statistics.median(times)
-        achieved = flops_per_token(cfg, n_matmul) * tokens_per_s
-        name = "sparse tables + SparseAdam" if sparse else "dense tables + AdamW"
-        report["model"].append({
-            "name": name, "config": dict(cfg.__dict__), "matmul_params": n_matmul,
-            "flops_per_token": flops_per_token(cfg, n_matmul),
-            "step_ms_median": _median_ms(times), "step_ms": [1e3 * t for t in times],
-            "tokens_per_s": tokens_per_s, "achieved_flops": achieved, "mfu": achieved / peak})
-        print(f"{name:<34}{_median_ms(times):>9.1f}{tokens_per_s:>10.0f}"
-              f"{achieved / 1e9:>9.1f}{achieved / peak:>7.1%}")
-    title = f"token table {TABLE_ROWS} rows, B*T={BATCH_SIZE * T}"
-    print(f"\n{title:<34}"
-          f"{'dense ms':>9}{'sparse ms':>10}{'speedup':>9}")
-    for dim in TABLE_DIMS:
-        dense, sparse_t = (table_step_seconds(TABLE_ROWS, dim, data, sparse, args.table_steps,
-                                              args.warmup, device) for sparse in (False, True))
-        speedup = statistics.median(dense) / statistics.median(sparse_t)
-        report["table"].append({
-            "rows": TABLE_ROWS, "dim": dim, "dense_adamw_ms_median": _median_ms(dense),
-            "sparse_sparseadam_ms_median": _median_ms(sparse_t), "speedup": speedup})
-        print(f"{f'C={dim}':<34}{_median_ms(dense):>9.2f}{_median_ms(sparse_t):>10.2f}"
-              f"{speedup:>8.1f}x")
+        "model": _bench_model(data, peak, args, device),
+        "table": _bench_table(data, args, device)}
     report["wall_s"] = time.perf_counter() - started
     report["machine"]["load_average_at_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out} ({report['wall_s']:.0f} s; load average "
-          f"{report['machine']['load_average_at_start'][0]:.1f} -> {os.getloadavg()[0]:.1f})")
+    print(f"\nwrote {args.out} ({report['wall_s']:.0f} s; 1-min load average "
+          f"{load_start[0]:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     return 0
 
 
