@@ -1,13 +1,21 @@
-"""Training throughput: tokens/s and model FLOPs utilisation (MFU) of one small GPT, and the
-step time of a 50257-row token table trained with dense vs sparse gradients.
+"""Training throughput: tokens/s and model FLOPs utilisation (MFU) of the training job's
+default run, and the step time of a 50257-row token table with dense vs sparse gradients.
 
-    .venv/bin/python -m bench.train_bench [--steps 6] [--out bench/results/train_bench.json]
+    .venv/bin/python -m bench.train_bench [--threads 1] [--device cpu|cuda]
+                                          [--out bench/results/train_bench.json]
+
+The model step is training/train.py's: ``TrainConfig()`` defaults (shape and batch printed
+in the table header), its ``build_optimizers`` and ``clip_grad_norm``; once with dense
+tables + AdamW, once with ``sparse_embeddings`` (SparseAdam for the tables).
 
 MFU = achieved model FLOP/s / peak FLOP/s. Model FLOPs per token follow PaLM (appendix B):
 6 * N (N = parameters used in matmuls: the blocks and the untied LM head; the token and
 position tables are gathers, not matmuls) + 12 * n_layer * n_embd * T for attention. The
 peak is measured in the same run: the best of a few large fp32 matmuls on the same threads,
 so MFU is relative to what this machine really reaches, not to a datasheet.
+
+Every figure is given per wall second and per process-CPU second. On a shared machine the
+wall figures swell with other load; at ``--threads 1`` the CPU-time figures do not.
 
 Batches are windows of the default corpus (``pydoc_data.topics``) tokenised with GPT-2, so
 the number of distinct rows per step (what a sparse update touches) is realistic.
@@ -18,6 +26,7 @@ multi-MB logits are otherwise page-faulted in again every step); ``--malloc defa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -34,14 +43,18 @@ from torch import nn
 
 from bench.servers import GLIBC_TUNABLES
 from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+from training.config import TrainConfig
 from training.model import GPT, ModelConfig
+from training.optim import build_optimizers, clip_grad_norm
 
 __all__ = ["Batch", "Timing", "batches", "corpus_ids", "flops_per_token", "main",
            "matmul_params", "peak_matmul_flops", "table_step_seconds", "train_step_seconds"]
 
-MODEL = ModelConfig()  # the stated config: 2 layers, 4 heads, C=128, T=128, 50304 rows
-BATCH_SIZE = 8
-TABLE_ROWS = 50257  # the sparse/dense comparison uses GPT-2's unpadded vocabulary
+VOCAB_SIZE = 50257  # GPT-2's n_vocab
+TRAIN = TrainConfig()  # the training job's default run (the `make model` model)
+MODEL = TRAIN.model_config(VOCAB_SIZE)  # 50304 table rows, untied head
+BATCH_SIZE = TRAIN.batch_size
+TABLE_ROWS = VOCAB_SIZE  # the sparse/dense comparison uses GPT-2's unpadded vocabulary
 TABLE_DIMS = (128, 768)  # our small C, and GPT-2 small's
 
 
@@ -136,27 +149,21 @@ def flops_per_token(cfg: ModelConfig, n_matmul: int) -> float:
     return 6 * n_matmul + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
-def train_step_seconds(cfg: ModelConfig, data: Sequence[Batch], steps: int, warmup: int,
+def train_step_seconds(cfg: TrainConfig, data: Sequence[Batch], steps: int, warmup: int,
                        device: torch.device) -> Timing:
-    """Seconds per full training step (forward, backward, optimizer) after warmup."""
+    """Seconds per training step as training/train.py takes it: forward, backward, gradient
+    clipping, its optimizers (AdamW, plus SparseAdam for sparse tables)."""
     torch.manual_seed(0)
-    model = GPT(cfg).to(device).train()
-    tables = model.embedding_parameters()
-    table_ids = {id(p) for p in tables}
-    rest = [p for p in model.parameters() if id(p) not in table_ids]
-    optimizers: list[torch.optim.Optimizer]
-    if cfg.sparse_embeddings:  # AdamW rejects sparse gradients; SparseAdam is lazy Adam
-        optimizers = [torch.optim.SparseAdam(tables, lr=3e-4),
-                      torch.optim.AdamW(rest, lr=3e-4, weight_decay=0.1)]
-    else:
-        optimizers = [torch.optim.AdamW([{"params": tables, "weight_decay": 0.0},
-                                         {"params": rest, "weight_decay": 0.1}], lr=3e-4)]
+    model = GPT(cfg.model_config(VOCAB_SIZE)).to(device).train()
+    optimizers = build_optimizers(model, cfg)
+    params: list[torch.Tensor] = list(model.parameters())
 
     def step(i: int) -> None:
         inputs, targets = data[i % len(data)]  # (B, T) each
         _, loss = model(inputs, targets)
         assert loss is not None
         loss.backward()
+        clip_grad_norm(params, cfg.grad_clip)
         for opt in optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -190,8 +197,9 @@ def _bench_model(data: Sequence[Batch], peak: tuple[float, float], args: argpars
     print(f"\n{title:<30}{'wall ms':>9}{'cpu ms':>9}{'tokens/s':>10}{'MFU':>7}{'MFU cpu':>9}")
     rows = []
     for sparse in (False, True):
-        cfg = ModelConfig(**{**MODEL.__dict__, "sparse_embeddings": sparse})
-        t = train_step_seconds(cfg, data, args.steps, args.warmup, device)
+        train_cfg = dataclasses.replace(TRAIN, sparse_embeddings=sparse)
+        cfg = train_cfg.model_config(VOCAB_SIZE)
+        t = train_step_seconds(train_cfg, data, args.steps, args.warmup, device)
         n_matmul = matmul_params(GPT(cfg))
         tokens_per_s = BATCH_SIZE * T / t.wall_median
         model_flops = flops_per_token(cfg, n_matmul) * BATCH_SIZE * T  # per step
