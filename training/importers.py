@@ -70,6 +70,11 @@ class SourceTables:
     names: dict[str, str]  # our name -> source tensor name
     provenance: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def position(self) -> str:
+        """The manifest's position kind: a stored table is learned; without one, RoPE."""
+        return "none" if self.position_table is None else "learned"
+
 
 def resolve_names(available: Sequence[str], name_map: Mapping[str, str],
                   wanted: Sequence[str], where: str) -> dict[str, str]:
@@ -229,8 +234,8 @@ def load_nanogpt(ckpt_path: Path) -> SourceTables:
     return SourceTables(state[wte].clone(), state[wpe].clone(), block_size, names, provenance)
 
 
-def write_imported(out: Path, tables: SourceTables, position: str, spec: TokenizerSpec,
-                   ranks_path: Path, dtype: str = "keep") -> Manifest:
+def write_imported(out: Path, tables: SourceTables, spec: TokenizerSpec, ranks_path: Path,
+                   dtype: str = "keep") -> Manifest:
     """Check the table covers the tokenizer's vocabulary, then write the version atomically."""
     if not out.name.isdigit() or int(out.name) <= 0:
         raise ImporterError(f"--out {out}: must be models/<name>/<version>, version a "
@@ -249,7 +254,7 @@ def write_imported(out: Path, tables: SourceTables, position: str, spec: Tokeniz
         raise ImporterError(f"{tables.names['token_embedding']}: dtype {token_table.dtype} "
                             f"not storable; pass --dtype float32|float16|bfloat16")
     provenance = {**tables.provenance, "tensor_names": dict(tables.names)}
-    return write_checkpoint(out, token_table=token_table, position=position,
+    return write_checkpoint(out, token_table=token_table, position=tables.position,
                             position_table=tables.position_table,
                             max_seq_len=tables.max_seq_len, vocab_size=tokenizer.n_vocab,
                             tokenizer_spec=spec, tokenizer_ranks=ranks_path,
@@ -284,7 +289,7 @@ def _parser() -> argparse.ArgumentParser:
             ("nanogpt", "ckpt", "nanoGPT ckpt.pt (loaded with weights_only=True)")):
         s = sub.add_parser(name, help=help_)
         s.add_argument(source, type=Path)
-        s.add_argument("--out", type=Path, required=True, help="models/<name>/<version>")
+        s.add_argument("--out", type=Path, help="models/<name>/<version> (required to write)")
         s.add_argument("--dtype", choices=["keep", *_DTYPES], default="keep")
         s.add_argument("--name-map-check", action="store_true",
                        help="resolve names and check shapes, print the map, write nothing")
@@ -300,14 +305,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 with a message on a bad source)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.out is None and not args.name_map_check:
+        parser.error("--out models/<name>/<version> is required (or --name-map-check)")
     try:
         if args.command == "hf-gpt2":
-            tables, position = load_hf_gpt2(args.dir), "learned"
+            tables = load_hf_gpt2(args.dir)
         elif args.command == "hf-llama":
-            tables, position = load_hf_llama(args.dir), "none"
+            tables = load_hf_llama(args.dir)
         else:
-            tables, position = load_nanogpt(args.ckpt), "learned"
+            tables = load_nanogpt(args.ckpt)
         if args.name_map_check:
             read = {"token_embedding": tables.token_table,
                     "position_embedding": tables.position_table}
@@ -318,13 +326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"{src} -> {ours} {list(t.shape)} {dtype}")
             return 0
         spec, ranks = _tokenizer_args(args)
-        manifest = write_imported(args.out, tables, position, spec, ranks, args.dtype)
+        manifest = write_imported(args.out, tables, spec, ranks, args.dtype)
     except (ImporterError, SafetensorError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     checkpoint_id = hashlib.sha256((args.out / MANIFEST_FILE).read_bytes()).hexdigest()
     print(f"wrote {args.out}: vocab_size={manifest.vocab_size} table_rows={manifest.table_rows}"
-          f" dim={manifest.dim} max_seq_len={manifest.max_seq_len} position={position}"
+          f" dim={manifest.dim} max_seq_len={manifest.max_seq_len} position={manifest.position}"
           f" dtype={manifest.dtype} checkpoint_id={checkpoint_id}")
     return 0
 

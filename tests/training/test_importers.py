@@ -195,6 +195,15 @@ def test_vocab_smaller_than_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not (tmp_path / "m").exists()
 
 
+def test_out_required_to_write(gpt2_model: tuple[Path, Any],
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    src, _ = gpt2_model
+    with pytest.raises(SystemExit) as exc:
+        main(["hf-gpt2", str(src)])
+    assert exc.value.code == 2
+    assert "--out models/<name>/<version> is required" in capsys.readouterr().err
+
+
 def test_existing_version_refused(gpt2_model: tuple[Path, Any], tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     src, _ = gpt2_model
@@ -209,7 +218,7 @@ def test_existing_version_refused(gpt2_model: tuple[Path, Any], tmp_path: Path,
 def test_module_entry_point(gpt2_model: tuple[Path, Any]) -> None:
     src, _ = gpt2_model
     proc = subprocess.run([sys.executable, "-m", "training.importers", "hf-gpt2", str(src),
-                           "--out", "unused/1", "--name-map-check"], cwd=REPO_ROOT,
+                           "--name-map-check"], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "wte.weight -> token_embedding [50257, 8] float32"
