@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GPT", "POSITIONS", "ModelConfig", "rope_tables", "sinusoidal_table"]
+from service.tables import sinusoidal_table  # the server recomputes it: same bits
+
+__all__ = ["GPT", "POSITIONS", "ModelConfig", "rope_tables"]
 
 POSITIONS = ("learned", "sinusoidal", "none")  # "none" = RoPE inside attention
 
@@ -46,16 +48,6 @@ class ModelConfig:
             raise ValueError("RoPE needs an even head dimension")
         if self.tie_weights and self.sparse_embeddings:
             raise ValueError("sparse_embeddings needs an untied head (tied rows are all dense)")
-
-
-def sinusoidal_table(max_seq_len: int, dim: int) -> torch.Tensor:
-    """Vaswani et al. 2017: PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(same)."""
-    pos = torch.arange(max_seq_len, dtype=torch.float64).unsqueeze(1)  # (T, 1)
-    inv = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (C/2,)
-    table = torch.zeros(max_seq_len, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(pos * inv)  # (T, ceil(C/2))
-    table[:, 1::2] = torch.cos(pos * inv)[:, : dim // 2]  # (T, floor(C/2))
-    return table.float()
 
 
 def rope_tables(max_seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,7 +132,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(C, cfg.table_rows, bias=False)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight") or name.endswith("mlp.2.weight"):
+            if name.endswith(("c_proj.weight", "mlp.2.weight")):
                 # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer).
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
         if cfg.tie_weights:
@@ -155,19 +147,19 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def embedding_parameters(self) -> list[nn.Parameter]:
+    def embedding_parameters(self) -> list[torch.Tensor]:
         """The input tables (token, and position when learned): no weight decay, maybe sparse."""
         return [self.wte.weight] + ([self.wpe.weight] if self.wpe is not None else [])
 
     def input_embeddings(self, idx: torch.Tensor) -> torch.Tensor:
         """What the server computes: token_table[ids] + position_table[0..T-1]; (B, T, C)."""
         T = idx.shape[1]
-        if T > self.cfg.block_size:
+        if self.cfg.block_size < T:
             raise ValueError(f"T={T} > block_size {self.cfg.block_size}")
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))  # (B, T, C)
-        elif self.sinusoid is not None:
+        elif isinstance(self.sinusoid, torch.Tensor):
             x = x + self.sinusoid[:T]  # (B, T, C)
         return x
 
@@ -175,11 +167,13 @@ class GPT(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx, targets: (B, T) int64 -> logits (B, T, table_rows), mean cross-entropy."""
         x = self.drop(self.input_embeddings(idx))  # (B, T, C)
-        rope = None if self.rope_cos is None else (self.rope_cos, self.rope_sin)
+        rope = None
+        if isinstance(self.rope_cos, torch.Tensor) and isinstance(self.rope_sin, torch.Tensor):
+            rope = (self.rope_cos, self.rope_sin)
         for block in self.blocks:
             x = block(x, rope)  # (B, T, C)
         logits = self.lm_head(self.ln_f(x))  # (B, T, table_rows)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss

@@ -1,0 +1,104 @@
+"""Training a tiny GPT for real: loss falls, row counts are exact, idle rows never move."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from service.tokenizer import Tokenizer
+from tests.training.conftest import MakeConfig
+from training.config import TrainConfig
+from training.data import load_tokens
+from training.model import GPT
+from training.train import Batches, TrainResult, train
+
+
+def _run(cfg: TrainConfig, tokenizer: Tokenizer) -> TrainResult:
+    data = load_tokens(cfg.data, tokenizer, Path(cfg.cache_dir), cfg.val_fraction,
+                       progress=False)
+    return train(cfg, tokenizer, data)
+
+
+def _init_model(cfg: TrainConfig, tokenizer: Tokenizer) -> GPT:
+    torch.manual_seed(cfg.seed)  # train() seeds the same way before building the model
+    return GPT(cfg.model_config(tokenizer.n_vocab))
+
+
+@pytest.fixture
+def tiny_run(make_config: MakeConfig, tokenizer: Tokenizer) -> tuple[TrainConfig, TrainResult]:
+    cfg = make_config()
+    return cfg, _run(cfg, tokenizer)
+
+
+def test_loss_falls(tiny_run: tuple[TrainConfig, TrainResult]) -> None:
+    cfg, result = tiny_run
+    losses = [h["train_loss"] for h in result.history]
+    assert len(losses) == cfg.max_steps == result.step
+    assert losses[0] == pytest.approx(np.log(cfg.table_rows), abs=0.3)  # uniform at init
+    assert np.mean(losses[-5:]) < losses[0] - 2.0
+    evals = [(h["step"], h["val_loss"]) for h in result.history if "val_loss" in h]
+    assert [s for s, _ in evals] == [10, 20]
+    assert evals[1][1] < evals[0][1] < np.log(cfg.table_rows) - 1.0
+    assert result.val_loss == evals[1][1]
+    assert result.tokens == cfg.max_steps * cfg.batch_size * cfg.block_size
+
+
+def test_row_updates_count_steps_that_used_each_row(
+        tiny_run: tuple[TrainConfig, TrainResult], tokenizer: Tokenizer) -> None:
+    cfg, result = tiny_run
+    data = load_tokens(cfg.data, tokenizer, Path(cfg.cache_dir), cfg.val_fraction,
+                       progress=False)
+    replay = Batches(data.train, cfg.block_size, cfg.seed)
+    want = torch.zeros(cfg.table_rows, dtype=torch.int64)
+    for _ in range(cfg.max_steps):
+        xy = replay.draw(cfg.batch_size)
+        for row in set(xy[:, :-1].flatten().tolist()):
+            want[row] += 1
+    assert torch.equal(result.row_updates, want)
+    assert int(result.row_updates.max()) == cfg.max_steps  # " the" is in every batch
+    assert int((result.row_updates > 0).sum()) == len(set(data.train.tolist()))
+
+
+def test_untouched_rows_are_bit_identical_to_init(
+        tiny_run: tuple[TrainConfig, TrainResult], tokenizer: Tokenizer) -> None:
+    cfg, result = tiny_run
+    init = _init_model(cfg, tokenizer).wte.weight.detach()
+    trained = result.model.wte.weight.detach()
+    idle = result.row_updates == 0
+    used = ~idle
+    assert int(idle.sum()) > 50_000  # the corpus uses a few dozen of 50304 rows
+    assert torch.equal(trained[idle], init[idle])  # bit for bit, padding rows included
+    assert not torch.equal(trained[used], init[used])
+    assert (trained[used] != init[used]).any(dim=1).all()  # every used row moved
+
+
+def test_resume_is_exact(make_config: MakeConfig, tokenizer: Tokenizer) -> None:
+    full = _run(make_config(name="full"), tokenizer)
+    stopped = _run(make_config(name="split", stop_at=8, checkpoint_every=4), tokenizer)
+    assert stopped.step == 8
+    resumed = _run(make_config(name="split", resume=True), tokenizer)
+    assert resumed.step == 20
+    assert resumed.history == full.history  # every loss, val loss and lr, exactly
+    assert resumed.train_loss == full.train_loss
+    assert torch.equal(resumed.row_updates, full.row_updates)
+    for (name, a), b in zip(full.model.state_dict().items(),
+                            resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_grad_accumulation_matches_one_big_batch(make_config: MakeConfig,
+                                                 tokenizer: Tokenizer) -> None:
+    one = _run(make_config(name="one", max_steps=5), tokenizer)
+    acc = _run(make_config(name="acc", max_steps=5, grad_accum=2), tokenizer)
+    a = [h["train_loss"] for h in one.history]
+    b = [h["train_loss"] for h in acc.history]
+    assert b == pytest.approx(a, rel=1e-5)
+
+
+def test_config_rejects_uneven_accumulation() -> None:
+    with pytest.raises(ValueError, match="not divisible by grad_accum 3"):
+        dataclasses.replace(TrainConfig(), batch_size=8, grad_accum=3)

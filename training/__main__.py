@@ -1,0 +1,61 @@
+"""``python -m training``: tokenize, train, plot, export (``--help`` lists every flag)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+from training import distributed
+from training.config import TrainConfig, parse_config
+from training.data import load_tokens
+from training.export import export_model
+from training.malloc import reexec_with_tunables
+from training.plot import plot_losses
+from training.train import TrainResult, train
+
+__all__ = ["main", "run"]
+
+
+def run(cfg: TrainConfig) -> tuple[TrainResult, Path | None]:
+    """The whole job; returns the result and the exported version (rank 0, if exported)."""
+    topo = distributed.setup(cfg.device)
+    try:
+        spec, ranks = gpt2_spec(), default_ranks_path()
+        tokenizer = load_tokenizer(spec, ranks)
+        data = load_tokens(cfg.data, tokenizer, Path(cfg.cache_dir), cfg.val_fraction,
+                           progress=cfg.progress and topo.is_main)
+        result = train(cfg, tokenizer, data, topo)
+        version_dir = None
+        if topo.is_main:
+            png = plot_losses(result.history, result.unigram_val_loss,
+                              Path(cfg.runs_dir) / cfg.name / "loss.png")
+            finished = result.step >= cfg.max_steps
+            if cfg.export and finished:
+                version_dir, _ = export_model(result, cfg, spec, ranks, tokenizer.n_vocab)
+            print(f"step {result.step}: train loss {result.train_loss:.4f}, "
+                  f"val loss {result.val_loss:.4f}, unigram baseline (val) "
+                  f"{result.unigram_val_loss:.4f}, {result.tokens} tokens, "
+                  f"{result.seconds:.1f} s")
+            print(f"trainer state: {result.state_file}")
+            print(f"loss curve: {png}")
+            if version_dir is not None:
+                print(f"exported: {version_dir}")
+            elif not finished:
+                print(f"stopped at step {result.step} of {cfg.max_steps}: "
+                      f"continue with --resume")
+        return result, version_dir
+    finally:
+        distributed.teardown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; 0 on success."""
+    run(parse_config(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    reexec_with_tunables("training", sys.argv[1:])
+    sys.exit(main())

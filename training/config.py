@@ -1,0 +1,138 @@
+"""TrainConfig: every knob of the training job, parsed once from flags and EMBED_TRAIN_* env.
+
+Each flag ``--foo-bar`` falls back to the environment variable ``EMBED_TRAIN_FOO_BAR``,
+then to the default below. The defaults are the `make run` model: small enough to train
+in under 3 minutes on 2 CPU cores (measured in docs/training.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from training.model import POSITIONS, ModelConfig
+
+__all__ = ["ENV_PREFIX", "TrainConfig", "parse_config"]
+
+ENV_PREFIX = "EMBED_TRAIN_"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The whole training run: data, model shape, optimisation, outputs."""
+
+    # data
+    data: tuple[str, ...] = ()  # files, globs, dirs, *.jsonl; empty = pydoc_data.topics
+    val_fraction: float = 0.1  # last 10% of the token stream is validation
+    cache_dir: str = "data_cache"  # tokenized shards, keyed by content hash
+    # model
+    n_layer: int = 2  # 2 blocks: enough to beat unigram clearly, cheap on 2 cores
+    n_head: int = 4  # head dim 32
+    n_embd: int = 128  # C: the exported tables are [table_rows, 128] and [block_size, 128]
+    block_size: int = 128  # context window = max_seq_len of the exported position table
+    dropout: float = 0.0  # the default run sees the corpus ~2 times: too short to overfit
+    position: str = "learned"  # learned | sinusoidal | none (RoPE)
+    tie_weights: bool = False  # untied: a token row moves only when that token is an input
+    sparse_embeddings: bool = False  # sparse table grads + SparseAdam: idle rows never move
+    table_rows: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    # optimisation
+    batch_size: int = 8  # sequences per optimizer step (global, across all DDP ranks)
+    grad_accum: int = 1  # micro-batches per step; each holds batch_size / grad_accum rows
+    max_steps: int = 150  # 154k tokens, ~1.2 epochs of the default corpus; fits 3 min
+    lr: float = 3e-3  # peak; a 2-layer model tolerates a high rate
+    min_lr_ratio: float = 0.1  # cosine decays to lr * 0.1
+    warmup_steps: int = 10  # linear warmup: Adam's moments settle before the peak rate
+    weight_decay: float = 0.1  # on matrices only: never on the tables, biases or LayerNorm
+    beta1: float = 0.9
+    beta2: float = 0.95  # nanoGPT's value: faster second-moment tracking for short runs
+    grad_clip: float = 1.0  # 0 disables
+    # evaluation, checkpointing, outputs
+    eval_every: int = 50  # steps between val evaluations (and one at the end)
+    eval_tokens: int = 16384  # val tokens per evaluation (the default corpus has ~14k)
+    checkpoint_every: int = 0  # steps between trainer-state saves; 0 = only at the end
+    stop_at: int = 0  # halt after this step (state saved, no export); 0 = run to max_steps
+    resume: bool = False  # continue from runs/<name>/state/trainer.pt
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    compile: bool = False  # torch.compile the model (CUDA runs; slow to start on CPU)
+    threads: int = 0  # torch intra-op threads; 0 = all cores of this process
+    out_repository: str = "models"  # the model repository the service reads
+    name: str = "default"  # model name: writes <out_repository>/<name>/<N+1>/
+    runs_dir: str = "runs"  # trainer state, loss history and plot: <runs_dir>/<name>/
+    export: bool = True  # write a model version at the end
+    progress: bool = True  # tqdm bar on stderr
+
+    def __post_init__(self) -> None:
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"batch_size {self.batch_size} not divisible by "
+                             f"grad_accum {self.grad_accum}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError("val_fraction must be in (0, 1)")
+        if self.max_steps <= 0 or self.warmup_steps < 0:
+            raise ValueError("max_steps must be > 0 and warmup_steps >= 0")
+        self.model_config(vocab_size=1)  # shape checks live in ModelConfig
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        """The network shape for a tokenizer with ``vocab_size`` ids."""
+        return ModelConfig(vocab_size=vocab_size, table_rows=self.table_rows,
+                           block_size=self.block_size, n_layer=self.n_layer,
+                           n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout,
+                           position=self.position, tie_weights=self.tie_weights,
+                           sparse_embeddings=self.sparse_embeddings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, recorded in the manifest's provenance."""
+        d = dataclasses.asdict(self)
+        d["data"] = list(self.data)
+        return d
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def parse_config(argv: Sequence[str] | None = None,
+                 env: Mapping[str, str] | None = None) -> TrainConfig:
+    """Flags, then EMBED_TRAIN_* environment variables, then the defaults."""
+    env = os.environ if env is None else env
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(prog="python -m training",
+                                     description="Train a small GPT and export its tables.")
+    for f in fields(TrainConfig):
+        default = getattr(defaults, f.name)
+        raw = env.get(ENV_PREFIX + f.name.upper())
+        if f.name == "data":
+            env_data = tuple(raw.split(os.pathsep)) if raw else default
+            parser.add_argument("--data", nargs="+", default=list(env_data),
+                                help="text files, globs, directories or .jsonl "
+                                     "(default: pydoc_data.topics)")
+        elif isinstance(default, bool):
+            value = _parse_bool(raw) if raw is not None else default
+            parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction,
+                                default=value)
+        else:
+            kind = type(default)
+            value = kind(raw) if raw is not None else default
+            choices = POSITIONS if f.name == "position" else None
+            parser.add_argument(_flag(f.name), type=kind, default=value, choices=choices,
+                                help=f"(default {value}; env {ENV_PREFIX}{f.name.upper()})")
+    ns = vars(parser.parse_args(argv))
+    ns["data"] = tuple(ns["data"])
+    try:
+        return TrainConfig(**ns)
+    except ValueError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits

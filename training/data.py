@@ -1,0 +1,199 @@
+"""Corpus -> token shard on disk -> train/val memory maps.
+
+Inputs are text files, globs, directories (every file below them) and JSONL files (one
+document per line, in its ``text`` field); with none, the English text of CPython's
+``pydoc_data.topics``. Each document is tokenized on its own and documents are joined
+by ``<|endoftext|>``. Text is read in blocks and cut only where a non-space character is
+followed by whitespace: GPT-2's pre-tokenizer always ends a piece there, so cutting
+changes no token (tested), and blocks are encoded in parallel by tiktoken's threads.
+
+The tokens go to ``<cache_dir>/<key>/tokens.bin`` (uint16 when ids fit, else uint32),
+``key`` being the sha256 of the tokenizer and every input's bytes; a second run with the
+same inputs maps the same file. The first ``1 - val_fraction`` of the stream trains, the
+rest validates.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from service.tokenizer import ENDOFTEXT, Tokenizer
+
+__all__ = ["DEFAULT_CORPUS", "TokenData", "default_corpus_text", "iter_blocks",
+           "load_tokens", "resolve_sources", "token_dtype"]
+
+DEFAULT_CORPUS = "pydoc_data.topics"
+_BLOCK_CHARS = 1 << 20  # ~1 MB of text per encode job: bounded memory, enough parallelism
+_BATCH_BLOCKS = 16  # blocks handed to tiktoken's thread pool at once
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """The tokenized corpus: read-only memory maps of one shard."""
+
+    train: np.ndarray  # (N_train,) uint16/uint32
+    val: np.ndarray  # (N_val,)
+    corpus_sha256: str  # cache key: tokenizer + inputs' bytes
+    path: Path  # the shard
+    reused: bool  # True when the shard came from the cache
+
+
+def token_dtype(n_vocab: int) -> np.dtype:
+    """The narrowest unsigned dtype that holds every id."""
+    return np.dtype(np.uint16) if n_vocab <= 1 << 16 else np.dtype(np.uint32)
+
+
+def default_corpus_text() -> str:
+    """CPython's pydoc topics, joined by blank lines (~465k chars, ~139k GPT-2 tokens)."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics.values())
+
+
+def resolve_sources(patterns: Sequence[str]) -> list[Path]:
+    """Expand globs and directories into a sorted, de-duplicated list of files."""
+    found: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern, recursive=True)) or [pattern]
+        for m in map(Path, matches):
+            if m.is_dir():
+                found.extend(sorted(p for p in m.rglob("*") if p.is_file()))
+            elif m.is_file():
+                found.append(m)
+            else:
+                raise FileNotFoundError(f"--data {pattern}: no such file or directory")
+    unique: dict[Path, Path] = {}
+    for p in found:
+        unique.setdefault(p.resolve(), p)
+    return list(unique.values())
+
+
+def _cut(text: str) -> int:
+    """Last index i with text[i-1] non-space and text[i] whitespace (0 if none)."""
+    for i in range(len(text) - 1, 0, -1):
+        if text[i].isspace() and not text[i - 1].isspace():
+            return i
+    return 0
+
+
+def iter_blocks(documents: Iterator[Iterator[str]], block_chars: int = _BLOCK_CHARS
+                ) -> Iterator[tuple[str, bool]]:
+    """Re-cut each document's text pieces into (block, ends_document) at token-safe points."""
+    for pieces in documents:
+        carry = ""
+        for piece in pieces:
+            carry += piece
+            while len(carry) >= block_chars:
+                cut = _cut(carry[:block_chars]) or _cut(carry)
+                if cut == 0:
+                    break  # no safe point yet: keep reading
+                yield carry[:cut], False
+                carry = carry[cut:]
+        yield carry, True
+
+
+def _read_text(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8", errors="replace", newline="") as f:
+        while piece := f.read(_BLOCK_CHARS):
+            yield piece
+
+
+def _documents(sources: Sequence[Path]) -> Iterator[Iterator[str]]:
+    if not sources:
+        yield iter([default_corpus_text()])
+    for path in sources:
+        if path.suffix == ".jsonl":
+            with path.open(encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            yield iter([str(json.loads(line)["text"])])
+                        except (ValueError, KeyError, TypeError) as e:
+                            raise ValueError(f"{path}:{lineno}: need a JSON object with "
+                                             f"a 'text' field") from e
+        else:
+            yield _read_text(path)
+
+
+def _corpus_key(sources: Sequence[Path], tokenizer: Tokenizer) -> str:
+    h = hashlib.sha256(b"tokens/1\0" + tokenizer.spec.sha256.encode() + b"\0")
+    if not sources:
+        h.update(DEFAULT_CORPUS.encode() + b"\0" + default_corpus_text().encode())
+    for path in sources:
+        h.update(b"\0jsonl\0" if path.suffix == ".jsonl" else b"\0text\0")
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _tokenize_to(out: Path, sources: Sequence[Path], tokenizer: Tokenizer,
+                 progress: bool) -> None:
+    dtype = token_dtype(tokenizer.n_vocab)
+    eot = np.asarray(tokenizer.encode(ENDOFTEXT, allow_special_tokens=True), dtype=dtype)
+    bar = tqdm(desc="tokenize", unit="tok", unit_scale=True, disable=not progress)
+    with out.open("wb") as f:
+
+        def flush(batch: list[tuple[str, bool]]) -> None:
+            for (_, sep_before), ids in zip(batch,
+                                            tokenizer.encode_batch([b for b, _ in batch])):
+                if sep_before:
+                    eot.tofile(f)
+                np.asarray(ids, dtype=dtype).tofile(f)
+                bar.update(len(ids) + (eot.size if sep_before else 0))
+
+        batch: list[tuple[str, bool]] = []
+        starts_document, first = True, True
+        for block, ends in iter_blocks(_documents(sources)):
+            # <|endoftext|> goes between documents: before each one but the first.
+            batch.append((block, starts_document and not first))
+            starts_document, first = ends, False
+            if len(batch) >= _BATCH_BLOCKS:
+                flush(batch)
+                batch = []
+        flush(batch)
+        f.flush()
+        os.fsync(f.fileno())
+    bar.close()
+
+
+def load_tokens(patterns: Sequence[str], tokenizer: Tokenizer, cache_dir: Path,
+                val_fraction: float, progress: bool = True) -> TokenData:
+    """Tokenize (or reuse) the corpus and split it into train/val memory maps."""
+    sources = resolve_sources(patterns)
+    key = _corpus_key(sources, tokenizer)
+    shard_dir = Path(cache_dir) / key
+    shard = shard_dir / "tokens.bin"
+    reused = shard.is_file() and (shard_dir / "meta.json").is_file()
+    if not reused:
+        shard_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.tmp-", dir=shard_dir.parent))
+        try:
+            _tokenize_to(tmp / "tokens.bin", sources, tokenizer, progress)
+            meta = {"dtype": token_dtype(tokenizer.n_vocab).name,
+                    "n_vocab": tokenizer.n_vocab, "sources": [str(p) for p in sources]}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+            try:
+                os.rename(tmp, shard_dir)
+            except OSError:  # another process finished the same shard first
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    tokens = np.memmap(shard, dtype=token_dtype(tokenizer.n_vocab), mode="r")
+    n_train = int(len(tokens) * (1.0 - val_fraction))
+    if n_train < 2 or len(tokens) - n_train < 2:
+        raise ValueError(f"corpus too small: {len(tokens)} tokens")
+    return TokenData(train=tokens[:n_train], val=tokens[n_train:], corpus_sha256=key,
+                     path=shard, reused=reused)

@@ -1,0 +1,63 @@
+"""Trainer state on disk: what an exact resume needs, kept apart from the model repository.
+
+One file, ``<runs_dir>/<name>/state/trainer.pt``, replaced atomically (write a temp file,
+fsync, rename). It holds only tensors, numbers, strings, lists and dicts, so it loads with
+``torch.load(weights_only=True)``: our own file, and still never unpickled as code.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["STATE_FILE", "TrainerState", "load_state", "save_state", "state_path"]
+
+STATE_FILE = "trainer.pt"
+
+
+@dataclass
+class TrainerState:
+    """Everything that changes while training, at the end of ``step``."""
+
+    step: int
+    tokens: int  # training tokens consumed so far (global, all ranks)
+    model: dict[str, torch.Tensor]
+    optimizers: list[dict[str, Any]]
+    row_updates: torch.Tensor  # (table_rows,) int64
+    batch_rng: torch.Tensor  # the batch sampler's generator state
+    torch_rng: torch.Tensor  # global CPU RNG (dropout on CPU)
+    cuda_rng: torch.Tensor | None
+    corpus_sha256: str
+    history: list[dict[str, float]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def state_path(runs_dir: Path, name: str) -> Path:
+    """Where the state of run ``name`` lives."""
+    return Path(runs_dir) / name / "state" / STATE_FILE
+
+
+def save_state(path: Path, state: TrainerState) -> None:
+    """Write atomically: a reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(vars(state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_state(path: Path) -> TrainerState:
+    """Read a state written by :func:`save_state` (weights_only: no code runs)."""
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    return TrainerState(**data)
