@@ -42,17 +42,23 @@ def test_export_round_trips_through_read_checkpoint(make_config: MakeConfig,
     assert torch.equal(ckpt.token_table, result.model.wte.weight.detach())
     assert ckpt.position_table is not None
     assert torch.equal(ckpt.position_table, result.model.wpe.weight.detach())  # type: ignore[union-attr]
-    assert ckpt.row_updates is not None and torch.equal(ckpt.row_updates, result.row_updates)
+    assert ckpt.row_updates is not None
+    assert torch.equal(ckpt.row_updates, result.row_updates)
     p = m.provenance
-    assert p["source"] == "training" and p["step"] == 6 and p["seed"] == 7
+    assert p["source"] == "training"
+    assert p["step"] == 6
+    assert p["seed"] == 7
     assert p["tokens"] == 6 * 4 * 16
-    assert p["val_loss"] == result.val_loss and p["train_loss"] == result.train_loss
+    assert p["val_loss"] == result.val_loss
+    assert p["train_loss"] == result.train_loss
     assert p["unigram_val_loss"] == result.unigram_val_loss
-    assert p["corpus_sha256"] == result.corpus_sha256 and len(p["corpus_sha256"]) == 64
+    assert p["corpus_sha256"] == result.corpus_sha256
+    assert len(p["corpus_sha256"]) == 64
     assert p["config"] == json.loads(json.dumps(cfg.to_dict()))
     rest = read_safetensors(version_dir / MODEL_FILE)
     want = {k for k in result.model.state_dict() if k not in ("wte.weight", "wpe.weight")}
-    assert set(rest) == want and "lm_head.weight" in rest
+    assert set(rest) == want
+    assert "lm_head.weight" in rest
     assert torch.equal(rest["ln_f.weight"], result.model.ln_f.weight.detach())
     assert sorted(q.name for q in version_dir.iterdir()) == [
         "embeddings.safetensors", "manifest.json", "model.safetensors",
@@ -69,7 +75,8 @@ def test_computed_positions_export_no_table(make_config: MakeConfig, tokenizer: 
     assert result.model.wpe is None
     version_dir, _ = export_model(result, cfg, gpt2_spec(), default_ranks_path(), 50257)
     ckpt = read_checkpoint(version_dir)
-    assert ckpt.manifest.position == position and ckpt.position_table is None
+    assert ckpt.manifest.position == position
+    assert ckpt.position_table is None
     rest = read_safetensors(version_dir / MODEL_FILE)
     assert ("lm_head.weight" in rest) is (not tie)  # tied: the head is the token table
     if position == "sinusoidal":  # the model adds exactly what the server will compute
