@@ -113,9 +113,12 @@ def plot_positions(similarity: torch.Tensor, out: Path, title: str) -> None:
     plt.close(fig)
 
 
+_MAX_LABELS = 64  # more token labels than this are unreadable: label every k-th row
+
+
 def lookup_figure_size(T: int) -> tuple[int, int]:
-    """Pixel (width, height) of the lookup figure: taller for longer texts."""
-    return 1200, int(100 * max(3.0, 1.5 + 0.25 * T))
+    """Pixel (width, height) of the lookup figure: taller for longer texts, up to 1800."""
+    return 1200, int(100 * min(18.0, max(3.0, 1.5 + 0.25 * T)))
 
 
 def plot_lookup(panels: Sequence[tuple[str, torch.Tensor]], labels: Sequence[str],
@@ -135,7 +138,9 @@ def plot_lookup(panels: Sequence[tuple[str, torch.Tensor]], labels: Sequence[str
         images.append(ax.imshow(x.float().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit,
                                 aspect="auto", interpolation="nearest"))
         ax.set(title=name, xlabel="C")
-    axes[0][0].set_yticks(range(len(labels)), labels, fontsize=8)
+    every = -(-len(labels) // _MAX_LABELS)  # ceil
+    rows = range(0, len(labels), every)
+    axes[0][0].set_yticks(rows, [labels[t] for t in rows], fontsize=8)
     fig.suptitle(title)
     fig.colorbar(images[0], ax=axes[0].tolist(), label="value")
     fig.savefig(out, dpi=_DPI)

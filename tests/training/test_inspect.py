@@ -138,6 +138,7 @@ def test_lookup_png(repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(_run(repo, "lookup", text, "--out", str(out))) == 0
     assert capsys.readouterr().out == f"wrote {out} (T=10, C=8)\n"
     assert lookup_figure_size(10) == (1200, 400)
+    assert lookup_figure_size(1024) == (1200, 1800)  # capped: long texts stay viewable
     assert _png_size(out) == (1200, 400)
     assert out.stat().st_size > 10_000
 
