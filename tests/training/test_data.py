@@ -36,8 +36,8 @@ def test_files_dirs_globs_and_jsonl(tmp_path: Path, tokenizer: Tokenizer) -> Non
         "a.txt", "b.txt", "x.jsonl"]
     data = load_tokens([str(tmp_path / "d"), str(tmp_path / "x.jsonl")], tokenizer,
                        tmp_path / "cache", val_fraction=0.25, progress=False)
-    want = (tokenizer.encode("Hello world.\n") + [EOT] + tokenizer.encode("Second file")
-            + [EOT] + tokenizer.encode("one") + [EOT] + tokenizer.encode(" two"))
+    want = [*tokenizer.encode("Hello world.\n"), EOT, *tokenizer.encode("Second file"),
+            EOT, *tokenizer.encode("one"), EOT, *tokenizer.encode(" two")]
     assert np.concatenate([data.train, data.val]).tolist() == want
     assert len(data.train) == int(len(want) * 0.75)
     assert data.train.dtype == np.uint16
@@ -52,7 +52,7 @@ def test_jsonl_without_text_is_an_error(tmp_path: Path, tokenizer: Tokenizer) ->
 
 
 def test_missing_input_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="nope.txt: no such file"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt: no such file"):
         resolve_sources([str(tmp_path / "nope.txt")])
 
 
