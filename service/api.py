@@ -162,8 +162,8 @@ class EmbeddingService:
             self._account(model, rows.shape[0], dtype, rows.numel() * rows.element_size())
             return codec.encode_embed_response(rows, dtype, response)
 
-        job = Job(model.tables, fitted.ids, fitted.positions, compose, torch_dtype, encode,
-                  self._deadline(context))
+        job = Job(model.tables, fitted.ids, [(fitted.start_position, len(fitted.ids))], compose,
+                  torch_dtype, encode, self._deadline(context))
         return await self.batcher.submit(job)
 
     async def Embed(self, request: pb.EmbedRequest,
@@ -217,9 +217,9 @@ class EmbeddingService:
                 self._account(model, rows.shape[0], dtype, rows.numel() * rows.element_size())
                 return codec.encode_batch_response(rows, dtype, response)
 
-            job = Job(model.tables, torch.cat([f.ids for f in fitted]),
-                      torch.cat([f.positions for f in fitted]), compose, torch_dtype, encode,
-                      self._deadline(context))
+            spans = [(f.start_position, len(f.ids)) for f in fitted]
+            job = Job(model.tables, torch.cat([f.ids for f in fitted]), spans, compose,
+                      torch_dtype, encode, self._deadline(context))
             return await self.batcher.submit(job)
 
         return await self._call("EmbedBatch", request.model, request.request_id, context, body)

@@ -61,6 +61,10 @@ class ServerConfig:
     log_format: str = "text"
     # Tokenizer threads (tiktoken releases the GIL); 0 = one per core.
     tokenize_threads: int = 0
+    # torch intra-op threads for CPU lookups. Parallelism comes from batching and gRPC's
+    # own threads; OpenMP fork/join per add fights them for the cores (measured: 2 threads
+    # on 2 cores halved T=1024 throughput). 0 = torch's default.
+    torch_threads: int = 1
     # Pre-forked server processes sharing the port (SO_REUSEPORT) and the page cache.
     workers: int = 1
 

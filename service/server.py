@@ -43,6 +43,8 @@ class EmbeddingServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
+        if config.torch_threads > 0 and self.device.type == "cpu":
+            torch.set_num_threads(config.torch_threads)
         self.metrics = Metrics()
         self.repo = Repository(config.model_repository, self.device,
                                _TABLE_DTYPES[config.table_dtype], config.default_model,

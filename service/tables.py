@@ -11,11 +11,18 @@ one add, one cast, one device→host copy (pinned) and one synchronisation.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 __all__ = ["COMPOSE_POSITION_ONLY", "COMPOSE_TOKEN_ONLY", "COMPOSE_TOKEN_PLUS_POSITION",
-           "EmbeddingTables", "resolve_device", "sinusoidal_table"]
+           "EmbeddingTables", "Span", "positions_of", "resolve_device", "sinusoidal_table"]
+
+Span = tuple[int, int]  # (start_position, T): one sequence's rows, consecutive in a batch
+# Below this many rows per sequence a single gather of all positions beats a slice-add per
+# sequence (each slice-add is a separate torch call, ~5 µs of Python and dispatch).
+_MIN_ROWS_PER_SLICE = 32
 
 # Mirrors embedding.v1.Compose (kept here so the tables need no generated code).
 COMPOSE_TOKEN_PLUS_POSITION = 0
@@ -31,6 +38,15 @@ def resolve_device(spec: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {spec}: torch sees no CUDA device")
     return device
+
+
+def positions_of(spans: Sequence[Span]) -> torch.Tensor:
+    """Concatenated ``start .. start+T-1`` ranges of the spans, as one int64 tensor (N,)."""
+    starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
+    lengths = np.fromiter((t for _, t in spans), dtype=np.int64, count=len(spans))
+    first_row = np.cumsum(lengths) - lengths  # row offset of each span
+    n = int(lengths.sum())
+    return torch.from_numpy(np.repeat(starts - first_row, lengths) + np.arange(n))
 
 
 def sinusoidal_table(max_seq_len: int, dim: int) -> torch.Tensor:
@@ -74,33 +90,45 @@ class EmbeddingTables:
             self._scratch[dtype] = buf
         return buf[: n * self.dim].view(n, self.dim)
 
-    @torch.inference_mode()
-    def lookup(self, ids: torch.Tensor, positions: torch.Tensor, compose: int,
-               dtype: torch.dtype) -> torch.Tensor:
-        """Rows for N (id, position) pairs as a host tensor (N, C) in ``dtype``.
+    def _add_positions(self, x: torch.Tensor, spans: Sequence[Span]) -> None:
+        """x += position rows, in place: slices where sequences are long, else one gather."""
+        assert self.position_table is not None
+        if len(spans) * _MIN_ROWS_PER_SLICE <= x.shape[0]:
+            row = 0
+            for start, T in spans:  # contiguous positions: no gather, no temporary
+                x[row: row + T] += self.position_table[start: start + T]  # (T, C)
+                row += T
+        else:
+            x += torch.index_select(self.position_table, 0, positions_of(spans))  # (N, C)
 
-        The result is a view of a reused buffer, valid until the next call; ids and
-        positions are int64 host tensors already validated against the tables.
+    @torch.inference_mode()
+    def lookup(self, ids: torch.Tensor, spans: Sequence[Span], compose: int,
+               dtype: torch.dtype) -> torch.Tensor:
+        """Rows for N ids at the spans' positions, as a host tensor (N, C) in ``dtype``.
+
+        The result is a view of a reused buffer, valid until the next call; ids are int64
+        host tensors already validated against the tables.
         """
         n = int(ids.shape[0])
         if self.device.type != "cpu":
-            return self._lookup_device(ids, positions, compose, dtype, n)
+            return self._lookup_device(ids, positions_of(spans), compose, dtype, n)
         out = self._out(n, dtype)
-        exact = self.token_table.dtype == torch.float32 and dtype == torch.float32
+        with_positions = compose != COMPOSE_TOKEN_ONLY and self.position_table is not None
         if compose == COMPOSE_POSITION_ONLY:
             assert self.position_table is not None
-            rows = torch.index_select(self.position_table, 0, positions)  # (N, C)
+            rows = torch.index_select(self.position_table, 0, positions_of(spans))  # (N, C)
             out.copy_(rows)
             return out
-        if exact:
-            torch.index_select(self.token_table, 0, ids, out=out)  # (N, C), written in place
-            if compose == COMPOSE_TOKEN_PLUS_POSITION and self.position_table is not None:
-                out += torch.index_select(self.position_table, 0, positions)  # (N, C) fp32 add
-            return out
-        x = torch.index_select(self.token_table, 0, ids).float()  # (N, C) fp32
-        if compose == COMPOSE_TOKEN_PLUS_POSITION and self.position_table is not None:
-            x += torch.index_select(self.position_table, 0, positions).float()  # (N, C)
-        out.copy_(x)  # the cast to the wire dtype
+        # fp32 accumulator: the output itself for float32, else a second reused buffer.
+        x = out if dtype == torch.float32 else self._out(n, torch.float32)  # (N, C)
+        if self.token_table.dtype == torch.float32:
+            torch.index_select(self.token_table, 0, ids, out=x)  # written in place
+        else:
+            x.copy_(torch.index_select(self.token_table, 0, ids))  # widened to fp32
+        if with_positions:
+            self._add_positions(x, spans)  # fp32 add
+        if x is not out:
+            out.copy_(x)  # the one cast to the wire dtype
         return out
 
     def _lookup_device(self, ids: torch.Tensor, positions: torch.Tensor, compose: int,

@@ -35,18 +35,17 @@ class Limits:
 class Fitted:
     """Token ids after truncation, with their positions."""
 
-    ids: torch.Tensor  # (T,) int64
-    positions: torch.Tensor  # (T,) int64: start_position .. start_position+T-1
+    ids: torch.Tensor  # (T,) int64, at positions start_position .. start_position+T-1
     start_position: int
     truncated_tokens: int
 
 
 def check_enum(value: int, enum: type, field: str) -> int:
     """Proto3 enums are open: an unknown number arrives as an int and must be refused."""
-    names = enum.keys()  # type: ignore[attr-defined]
-    if value not in enum.values():  # type: ignore[attr-defined]
-        raise InvalidArgument(f"{field}={value} is not a valid {enum.DESCRIPTOR.name} "  # type: ignore[attr-defined]
-                              f"({', '.join(names)})")
+    descriptor = enum.DESCRIPTOR  # type: ignore[attr-defined]
+    if value not in descriptor.values_by_number:  # a dict: no list built per request
+        names = ", ".join(v.name for v in descriptor.values)
+        raise InvalidArgument(f"{field}={value} is not a valid {descriptor.name} ({names})")
     return value
 
 
@@ -93,9 +92,8 @@ def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: Loade
         # TRUNCATE_LEFT keeps the tail; either way the kept tokens start at start_position.
         ids = ids[:keep] if truncate == pb.TRUNCATE_RIGHT else ids[T - keep:]
     kept = int(ids.shape[0])
-    positions = torch.arange(start_position, start_position + kept, dtype=torch.int64)  # (T,)
-    return Fitted(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)), positions,
-                  start_position, T - kept)
+    return Fitted(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)), start_position,
+                  T - kept)
 
 
 def check_compose(compose: int, model: LoadedModel) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from service.batcher import Batcher, BatchStats, Job
 from service.errors import DeadlineExceeded, ResourceExhausted
-from service.tables import COMPOSE_TOKEN_PLUS_POSITION, EmbeddingTables
+from service.tables import COMPOSE_TOKEN_PLUS_POSITION, EmbeddingTables, positions_of
 from tests.tiny_model import tiny_tables
 
 
@@ -25,7 +25,7 @@ def job(tables: EmbeddingTables, ids: list[int], seen: list[BatchStats],
     def encode(rows: torch.Tensor, stats: BatchStats) -> bytes:
         seen.append(stats)
         return rows.contiguous().numpy().tobytes()
-    return Job(tables, torch.tensor(ids), torch.arange(len(ids)), COMPOSE_TOKEN_PLUS_POSITION,
+    return Job(tables, torch.tensor(ids), [(0, len(ids))], COMPOSE_TOKEN_PLUS_POSITION,
                dtype, encode, deadline)
 
 
@@ -111,11 +111,26 @@ def test_deadline_already_passed_is_refused_at_submit(tables: EmbeddingTables) -
     run(main())
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float32 else t.view(torch.int16)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_lookup_independent_of_batch_composition(tables: EmbeddingTables,
-                                                 dtype: torch.dtype) -> None:
-    ids, pos = torch.tensor([5, 6, 7, 8]), torch.tensor([0, 1, 2, 3])
-    alone = tables.lookup(ids[1:3], pos[1:3], COMPOSE_TOKEN_PLUS_POSITION, dtype).clone()
-    batched = tables.lookup(ids, pos, COMPOSE_TOKEN_PLUS_POSITION, dtype)[1:3]
-    assert torch.equal(alone.view(torch.int16) if dtype != torch.float32 else alone,
-                       batched.view(torch.int16) if dtype != torch.float32 else batched)
+@pytest.mark.parametrize("spans", [
+    [(0, 40), (10, 24)],  # long sequences: slice-adds of the position table
+    [(3, 2)] * 32,  # many short ones: one gather of all positions
+])
+def test_lookup_equals_reference_and_single_in_both_position_paths(
+        tables: EmbeddingTables, dtype: torch.dtype, spans: list[tuple[int, int]]) -> None:
+    token_table, position_table = tiny_tables(0)
+    n = sum(t for _, t in spans)
+    ids = torch.arange(100, 100 + n)
+    positions = positions_of(spans)
+    assert positions[:3].tolist() == [spans[0][0], spans[0][0] + 1, spans[1][0]
+                                      if spans[0][1] == 2 else spans[0][0] + 2]
+    expected = (token_table[ids] + position_table[positions]).to(dtype)  # (N, C)
+    batched = tables.lookup(ids, spans, COMPOSE_TOKEN_PLUS_POSITION, dtype).clone()
+    assert torch.equal(_bits(batched), _bits(expected))
+    start, T = spans[-1]
+    alone = tables.lookup(ids[n - T:], [(start, T)], COMPOSE_TOKEN_PLUS_POSITION, dtype)
+    assert torch.equal(_bits(alone), _bits(batched[n - T:]))
