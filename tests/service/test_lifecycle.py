@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -144,55 +146,48 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_repo: Path) -> None:
-    port = free_port()
-    # A 1.5 s batch delay holds the request in flight while SIGTERM arrives.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--model-repository", str(tiny_repo),
-         "--grpc-port", str(port), "--metrics-port", "-1", "--max-batch-delay-us", "1500000",
-         "--shutdown-grace-seconds", "10", "--default-model", "tiny"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if " serving " in line:
-                break
-        assert proc.poll() is None, "server exited before serving"
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = pb_grpc.EmbeddingServiceStub(channel)
-            in_flight = stub.Embed.future(GOOD, timeout=30)
-            time.sleep(0.3)
-            proc.send_signal(signal.SIGTERM)
-            assert list(in_flight.result().token_ids) == [31373, 995]
-        assert proc.wait(timeout=20) == 0
-        rest = proc.stderr.read()
-        assert "draining" in rest
-        assert "stopped" in rest
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
-
-def test_workers_share_one_port_and_stop_on_sigterm(tiny_repo: Path) -> None:
+@contextlib.contextmanager
+def server_process(repo: Path, *flags: str, serving_lines: int = 1
+                   ) -> Iterator[tuple[subprocess.Popen[str], pb_grpc.EmbeddingServiceStub]]:
+    """``python -m service`` on a free port, once it has logged ``serving_lines`` times."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--model-repository", str(tiny_repo),
-         "--grpc-port", str(port), "--metrics-port", "-1", "--workers", "2",
-         "--default-model", "tiny", "--shutdown-grace-seconds", "2"],
+        [sys.executable, "-m", "service", "--model-repository", str(repo), "--grpc-port",
+         str(port), "--metrics-port", "-1", "--default-model", "tiny", *flags],
         cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert proc.stderr is not None
         serving = 0
         for line in proc.stderr:
             serving += " serving " in line
-            if serving == 2:
+            if serving == serving_lines:
                 break
-        assert serving == 2, "both workers log that they serve"
+        assert serving == serving_lines, "server exited before serving"
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = pb_grpc.EmbeddingServiceStub(channel)
-            assert list(stub.Embed(GOOD, timeout=10).token_ids) == [31373, 995]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+            yield proc, pb_grpc.EmbeddingServiceStub(channel)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_repo: Path) -> None:
+    # A 1.5 s batch delay holds the request in flight while SIGTERM arrives.
+    with server_process(tiny_repo, "--max-batch-delay-us", "1500000",
+                        "--shutdown-grace-seconds", "10") as (proc, stub):
+        in_flight = stub.Embed.future(GOOD, timeout=30)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert list(in_flight.result().token_ids) == [31373, 995]
+        assert proc.wait(timeout=20) == 0
+        assert proc.stderr is not None
+        rest = proc.stderr.read()
+        assert "draining" in rest
+        assert "stopped" in rest
+
+
+def test_workers_share_one_port_and_stop_on_sigterm(tiny_repo: Path) -> None:
+    with server_process(tiny_repo, "--workers", "2", "--shutdown-grace-seconds", "2",
+                        serving_lines=2) as (proc, stub):
+        assert list(stub.Embed(GOOD, timeout=10).token_ids) == [31373, 995]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
