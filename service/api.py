@@ -86,6 +86,9 @@ class EmbeddingService:
         try:
             self._admit(context)
             return await body()
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED  # the client went away; nothing to answer
+            raise
         except Exception as e:
             code, message = status_for(e, request_id)
             if not isinstance(e, EmbedError):
