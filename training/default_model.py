@@ -33,8 +33,11 @@ def first_valid_version(repository: Path) -> Path | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Exit 0 with a valid model in the repository (trained here if there was none)."""
+def main(argv: Sequence[str] | None = None, reexec: bool = False) -> int:
+    """Exit 0 with a valid model in the repository (trained here if there was none).
+
+    ``reexec``: restart with the malloc tunables before training (command line only).
+    """
     parser = argparse.ArgumentParser(prog="python -m training.default_model")
     parser.add_argument("--model-repository", default="models")
     args, rest = parser.parse_known_args(argv)
@@ -43,7 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if present is not None:
         print(f"{present} present")
         return 0
-    from training.__main__ import run  # heavy imports only when there is work to do
+    if reexec:  # only now: the "present" answer should not pay for a second start
+        reexec_with_tunables("training.default_model", list(argv or sys.argv[1:]))
+    from training.__main__ import run
 
     print(f"{repository}: no valid model; training the default config (~3 min on 2 cores)")
     run(parse_config([*rest, "--out-repository", str(repository), "--name", "default"]))
@@ -51,5 +56,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    reexec_with_tunables("training.default_model", sys.argv[1:])
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:], reexec=True))
