@@ -5,7 +5,10 @@ document per line, in its ``text`` field); with none, the English text of CPytho
 ``pydoc_data.topics``. Each document is tokenized on its own and documents are joined
 by ``<|endoftext|>``. Text is read in blocks and cut only where a non-space character is
 followed by whitespace: GPT-2's pre-tokenizer always ends a piece there, so cutting
-changes no token (tested), and blocks are encoded in parallel by tiktoken's threads.
+changes no token (tested). Blocks (and small documents) are grouped into ~1M-character
+jobs, encoded by a thread pool (tiktoken releases the GIL while it encodes) with at most
+two jobs per core in flight, and written in order as they finish. Memory is therefore
+bounded by the in-flight jobs, never by the corpus; only a single JSONL line must fit.
 
 The tokens go to ``<cache_dir>/<key>/tokens.bin`` (uint16 when ids fit, else uint32),
 ``key`` being the sha256 of the tokenizer and every input's bytes; a second run with the
@@ -21,7 +24,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +39,9 @@ __all__ = ["DEFAULT_CORPUS", "TokenData", "default_corpus_text", "iter_blocks",
            "load_tokens", "resolve_sources", "token_dtype"]
 
 DEFAULT_CORPUS = "pydoc_data.topics"
-_BLOCK_CHARS = 1 << 20  # ~1 MB of text per encode job: bounded memory, enough parallelism
-_BATCH_BLOCKS = 16  # blocks handed to tiktoken's thread pool at once
+_BLOCK_CHARS = 1 << 18  # a block's token list is a few MB of Python ints while in flight
+_JOB_CHARS = 1 << 20  # per encode job: amortises the hand-off for many small JSONL documents
+_MAX_CARRY_BLOCKS = 16  # text without a safe cut for this many blocks is cut anyway
 
 
 @dataclass(frozen=True)
@@ -87,17 +93,25 @@ def _cut(text: str) -> int:
     return 0
 
 
-def iter_blocks(documents: Iterator[Iterator[str]], block_chars: int = _BLOCK_CHARS
+def iter_blocks(documents: Iterator[Iterator[str]], block_chars: int | None = None
                 ) -> Iterator[tuple[str, bool]]:
-    """Re-cut each document's text pieces into (block, ends_document) at token-safe points."""
+    """Re-cut each document's text pieces into (block, ends_document) at token-safe points.
+
+    Text with no safe point in ``16 * block_chars`` characters (no whitespace at all) is
+    cut at ``block_chars`` regardless: memory stays bounded, and the one or two tokens
+    around such a cut may differ from encoding the text whole.
+    """
+    size = block_chars or _BLOCK_CHARS
     for pieces in documents:
         carry = ""
         for piece in pieces:
             carry += piece
-            while len(carry) >= block_chars:
-                cut = _cut(carry[:block_chars]) or _cut(carry)
+            while len(carry) >= size:
+                cut = _cut(carry[:size]) or _cut(carry)
                 if cut == 0:
-                    break  # no safe point yet: keep reading
+                    if len(carry) < _MAX_CARRY_BLOCKS * size:
+                        break  # no safe point yet: keep reading
+                    cut = size
                 yield carry[:cut], False
                 carry = carry[cut:]
         yield carry, True
@@ -138,31 +152,52 @@ def _corpus_key(sources: Sequence[Path], tokenizer: Tokenizer) -> str:
     return h.hexdigest()
 
 
+def _jobs(sources: Sequence[Path]) -> Iterator[list[tuple[str, bool]]]:
+    """Blocks grouped into jobs of ~_JOB_CHARS, each with "<|endoftext|> goes before it"."""
+    job: list[tuple[str, bool]] = []
+    chars, starts_document, first = 0, True, True
+    for block, ends in iter_blocks(_documents(sources)):
+        # <|endoftext|> goes between documents: before each one but the first.
+        job.append((block, starts_document and not first))
+        chars += len(block)
+        starts_document, first = ends, False
+        if chars >= _JOB_CHARS:
+            yield job
+            job, chars = [], 0
+    if job:
+        yield job
+
+
+def _encode_job(tokenizer: Tokenizer, job: list[tuple[str, bool]], eot: list[int],
+                dtype: np.dtype) -> np.ndarray:
+    ids: list[int] = []
+    for text, sep_before in job:
+        if sep_before:
+            ids.extend(eot)
+        ids.extend(tokenizer.encode(text))
+    return np.array(ids, dtype=dtype)  # (n,)
+
+
 def _tokenize_to(out: Path, sources: Sequence[Path], tokenizer: Tokenizer,
                  progress: bool) -> None:
     dtype = token_dtype(tokenizer.n_vocab)
-    eot = np.asarray(tokenizer.encode(ENDOFTEXT, allow_special_tokens=True), dtype=dtype)
+    eot = tokenizer.encode(ENDOFTEXT, allow_special_tokens=True)
+    workers = len(os.sched_getaffinity(0))
     bar = tqdm(desc="tokenize", unit="tok", unit_scale=True, disable=not progress)
-    with out.open("wb") as f:
+    with out.open("wb") as f, ThreadPoolExecutor(workers) as pool:
+        pending: deque[Future[np.ndarray]] = deque()
 
-        def flush(batch: list[tuple[str, bool]]) -> None:
-            for (_, sep_before), ids in zip(batch,
-                                            tokenizer.encode_batch([b for b, _ in batch])):
-                if sep_before:
-                    eot.tofile(f)
-                np.asarray(ids, dtype=dtype).tofile(f)
-                bar.update(len(ids) + (eot.size if sep_before else 0))
+        def write_oldest() -> None:
+            ids = pending.popleft().result()
+            ids.tofile(f)
+            bar.update(ids.size)
 
-        batch: list[tuple[str, bool]] = []
-        starts_document, first = True, True
-        for block, ends in iter_blocks(_documents(sources)):
-            # <|endoftext|> goes between documents: before each one but the first.
-            batch.append((block, starts_document and not first))
-            starts_document, first = ends, False
-            if len(batch) >= _BATCH_BLOCKS:
-                flush(batch)
-                batch = []
-        flush(batch)
+        for job in _jobs(sources):
+            pending.append(pool.submit(_encode_job, tokenizer, job, eot, dtype))
+            if len(pending) >= 2 * workers:  # bounded: reading waits for the encoders
+                write_oldest()
+        while pending:
+            write_oldest()
         f.flush()
         os.fsync(f.fileno())
     bar.close()
