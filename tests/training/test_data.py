@@ -80,3 +80,27 @@ def test_default_corpus_is_pydoc_topics(tmp_path: Path, tokenizer: Tokenizer) ->
     n = len(data.train) + len(data.val)
     assert n == len(tokenizer.encode(default_corpus_text()))
     assert len(data.train) == int(n * 0.9)
+
+
+def test_text_without_whitespace_is_still_cut(tokenizer: Tokenizer) -> None:
+    text = "x" * 5_000  # no safe cut point anywhere: memory must stay bounded anyway
+    blocks = list(iter_blocks(iter([iter([text])]), block_chars=100))
+    assert [len(b) for b, _ in blocks] == [100] * 35 + [1_500]  # never over 16 blocks
+    assert "".join(b for b, _ in blocks) == text
+
+
+def test_many_small_jobs_keep_order(tmp_path: Path, tokenizer: Tokenizer,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tiny blocks and jobs: ~100 jobs through the thread pool, more than can be in flight.
+    monkeypatch.setattr("training.data._BLOCK_CHARS", 64)
+    monkeypatch.setattr("training.data._JOB_CHARS", 200)
+    text = corpus_text(120)
+    docs = [f"Document {i}: " + corpus_text(i % 5 + 1) for i in range(40)]
+    (tmp_path / "a.txt").write_text(text)
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    data = load_tokens([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], tokenizer,
+                       tmp_path / "cache", 0.1, progress=False)
+    want = tokenizer.encode(text)
+    for d in docs:
+        want += [EOT, *tokenizer.encode(d)]
+    assert np.concatenate([data.train, data.val]).tolist() == want
