@@ -11,7 +11,7 @@ from service.tokenizer import Tokenizer, default_ranks_path, gpt2_spec
 from tests.training.conftest import MakeConfig
 from training.data import load_tokens
 from training.export import export_model
-from training.model import GPT, ModelConfig
+from training.model import GPT, CausalSelfAttention, ModelConfig
 from training.train import train
 
 TINY = ModelConfig(vocab_size=64, table_rows=64, block_size=8, n_layer=1, n_head=2,
@@ -25,8 +25,14 @@ def _model() -> GPT:
     with torch.no_grad():
         # GPT-2's init (std 0.02) gives near-zero scores, i.e. near-uniform attention,
         # where any position encoding changes the output only in the 5th decimal.
-        model.blocks[0].attn.c_attn.weight.normal_(std=0.5)
+        _attention(model).c_attn.weight.normal_(std=0.5)
     return model
+
+
+def _attention(model: GPT) -> CausalSelfAttention:
+    attn = _attention(model)
+    assert isinstance(attn, CausalSelfAttention)
+    return attn
 
 
 def _without_positions(model: GPT) -> GPT:
@@ -69,7 +75,7 @@ def test_attention_depends_on_relative_position_only() -> None:
     assert isinstance(model.rope_cos, torch.Tensor)
     assert isinstance(model.rope_sin, torch.Tensor)
     cos, sin = model.rope_cos, model.rope_sin  # (block_size, hd/2)
-    attn = model.blocks[0].attn
+    attn = _attention(model)
     x = torch.randn(1, 4, TINY.n_embd, generator=torch.Generator().manual_seed(1))  # (1, T, C)
     at_0 = attn(x, (cos, sin))  # positions 0..3
     at_4 = attn(x, (cos[4:], sin[4:]))  # the same tokens at positions 4..7
