@@ -30,7 +30,7 @@ def _model() -> GPT:
 
 
 def _attention(model: GPT) -> CausalSelfAttention:
-    attn = _attention(model)
+    attn = model.blocks[0].attn
     assert isinstance(attn, CausalSelfAttention)
     return attn
 
