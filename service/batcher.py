@@ -73,6 +73,7 @@ class Batcher:
         self.queued_tokens = 0
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is on the compute thread
         # One thread: torch ops release the GIL, and a single thread keeps the reused
         # output buffers race-free and batches in submission order.
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="embed-compute")
@@ -104,6 +105,14 @@ class Batcher:
             raise DeadlineExceeded("deadline passed before compute; no work was done")
         job.future = asyncio.get_running_loop().create_future()
         job.enqueued_ns = time.perf_counter_ns()
+        if (not self._queue and not self._busy and self.max_batch_delay_s == 0
+                and job.tokens <= INLINE_TOKENS):
+            # Idle and nothing to wait for: this job is the whole batch. Computing it here
+            # skips two hops through the event loop (wake the batcher, wake us back).
+            (result,) = self._compute_batch([job])
+            if isinstance(result, BaseException):
+                raise result
+            return result
         self._queue.append(job)
         self.queued_tokens += job.tokens
         assert self._wakeup is not None, "Batcher.start() was not called"
@@ -147,8 +156,12 @@ class Batcher:
                 if sum(job.tokens for job in batch) <= INLINE_TOKENS:
                     results = self._compute_batch(batch)  # cheaper than two thread wake-ups
                 else:
-                    results = await loop.run_in_executor(self._compute, self._compute_batch,
-                                                         batch)
+                    self._busy = True
+                    try:
+                        results = await loop.run_in_executor(self._compute,
+                                                             self._compute_batch, batch)
+                    finally:
+                        self._busy = False
             except Exception as e:  # a bug, not bad input: fail this batch, keep serving
                 for job in batch:
                     if not job.future.done():

@@ -106,7 +106,15 @@ def sample(text: str, prefix: str) -> float:
     return 0.0
 
 
-def test_metrics_move_with_requests(server: ServerHandle) -> None:
+def test_metrics_move_with_requests(tiny_repo: Path) -> None:
+    server = start(tiny_repo)  # its own server: no other test's traffic in the counters
+    try:
+        check_metrics_move(server)
+    finally:
+        server.stop()
+
+
+def check_metrics_move(server: ServerHandle) -> None:
     ok = 'embed_requests_total{code="OK",model="tiny",rpc="Embed"}'
     bad = 'embed_requests_total{code="INVALID_ARGUMENT",model="tiny",rpc="Embed"}'
     tokens = 'embed_tokens_total{model="tiny"}'
