@@ -93,7 +93,7 @@ class EmbeddingTables:
     def _add_positions(self, x: torch.Tensor, spans: Sequence[Span]) -> None:
         """x += position rows, in place: slices where sequences are long, else one gather."""
         assert self.position_table is not None
-        if len(spans) * _MIN_ROWS_PER_SLICE <= x.shape[0]:
+        if len(spans) == 1 or len(spans) * _MIN_ROWS_PER_SLICE <= x.shape[0]:
             row = 0
             for start, T in spans:  # contiguous positions: no gather, no temporary
                 x[row: row + T] += self.position_table[start: start + T]  # (T, C)

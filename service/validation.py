@@ -62,9 +62,8 @@ def check_text(text: str, limits: Limits, field: str) -> None:
 def check_ids(ids: np.ndarray, model: LoadedModel, field: str) -> None:
     """Every id must index a real vocabulary row (padding rows are never served)."""
     vocab_size = model.checkpoint.manifest.vocab_size
-    bad = (ids < 0) | (ids >= vocab_size)
-    if bad.any():
-        i = int(bad.argmax())
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):  # two reductions, no mask
+        i = int(((ids < 0) | (ids >= vocab_size)).argmax())
         raise InvalidArgument(f"{field}[{i}]={int(ids[i])} is out of range [0, {vocab_size}) "
                               f"for model {model.name!r}")
 
