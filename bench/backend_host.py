@@ -9,16 +9,41 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-__all__ = ["MAX_MESSAGE_BYTES", "serve_forever"]
+from client._gen.embedding.v1 import embedding_pb2 as pb
+
+__all__ = ["MAX_MESSAGE_BYTES", "reply_handler", "serve_forever"]
 
 # The service's default --max-message-bytes: a T=1024 fp32 reply (3 MiB) needs more than
 # gRPC's 4 MiB default once framing is counted only in the naive case, but keep them equal.
 MAX_MESSAGE_BYTES = 64 << 20
+
+
+def reply_handler(service: str, reply: Callable[[pb.EmbedRequest], bytes]
+                  ) -> grpc.GenericRpcHandler:
+    """Embed and EmbedStream of ``service``, answering each request with ``reply(request)``.
+
+    No response serializer: gRPC sends the returned bytes as they are.
+    """
+    async def embed(request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> bytes:
+        return reply(request)
+
+    async def embed_stream(requests: AsyncIterator[pb.EmbedRequest],
+                           context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for request in requests:
+            yield reply(request)
+
+    return grpc.method_handlers_generic_handler(service, {
+        "Embed": grpc.unary_unary_rpc_method_handler(
+            embed, request_deserializer=pb.EmbedRequest.FromString),
+        "EmbedStream": grpc.stream_stream_rpc_method_handler(
+            embed_stream, request_deserializer=pb.EmbedRequest.FromString),
+    })
 
 
 async def _serve(port: int, handlers: list[grpc.GenericRpcHandler], name: str) -> None:

@@ -11,12 +11,12 @@ Run as ``python -m bench.ceiling_server --port N --dim C --ts 16,128 --dtypes fl
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import grpc
 import numpy as np
 
-from bench.backend_host import serve_forever
+from bench.backend_host import reply_handler, serve_forever
 from bench.config import DTYPE_BYTES
 from client._gen.embedding.v1 import embedding_pb2 as pb
 
@@ -57,22 +57,7 @@ class CeilingPayloads:
 
 def handler(payloads: CeilingPayloads) -> grpc.GenericRpcHandler:
     """Embed and EmbedStream of ``embedding.v1.EmbeddingService`` answering from ``payloads``."""
-
-    async def embed(request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> bytes:
-        return payloads.reply(request)
-
-    async def embed_stream(requests: AsyncIterator[pb.EmbedRequest],
-                           context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        async for request in requests:
-            yield payloads.reply(request)
-
-    # response_serializer=None: gRPC sends the returned bytes as they are.
-    return grpc.method_handlers_generic_handler("embedding.v1.EmbeddingService", {
-        "Embed": grpc.unary_unary_rpc_method_handler(
-            embed, request_deserializer=pb.EmbedRequest.FromString),
-        "EmbedStream": grpc.stream_stream_rpc_method_handler(
-            embed_stream, request_deserializer=pb.EmbedRequest.FromString),
-    })
+    return reply_handler("embedding.v1.EmbeddingService", payloads.reply)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,13 +9,13 @@ Run as ``python -m bench.naive_server --port N --checkpoint MODELS/bench/1``.
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 import torch
 
-from bench.backend_host import serve_forever
+from bench.backend_host import reply_handler, serve_forever
 from bench.naive_proto import SERVICE_NAME, NaiveResponse
 from client._gen.embedding.v1 import embedding_pb2 as pb
 from service.checkpoint import read_checkpoint
@@ -42,21 +42,7 @@ class NaiveEmbedder:
 
 def handler(embedder: NaiveEmbedder) -> grpc.GenericRpcHandler:
     """Unary Embed and bidi EmbedStream of the naive service."""
-
-    async def embed(request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> bytes:
-        return embedder.reply(request)
-
-    async def embed_stream(requests: AsyncIterator[pb.EmbedRequest],
-                           context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        async for request in requests:
-            yield embedder.reply(request)
-
-    return grpc.method_handlers_generic_handler(SERVICE_NAME, {
-        "Embed": grpc.unary_unary_rpc_method_handler(
-            embed, request_deserializer=pb.EmbedRequest.FromString),
-        "EmbedStream": grpc.stream_stream_rpc_method_handler(
-            embed_stream, request_deserializer=pb.EmbedRequest.FromString),
-    })
+    return reply_handler(SERVICE_NAME, embedder.reply)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
