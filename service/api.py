@@ -128,7 +128,8 @@ class EmbeddingService:
             self.metrics.untrained_lookups.labels(model.name).inc(len(idx))
         return idx
 
-    def _account(self, model: LoadedModel, tokens: int, dtype: int, nbytes: int) -> None:
+    def _account(self, model: LoadedModel, tokens: int, dtype: int) -> None:
+        nbytes = tokens * model.tables.dim * codec.DTYPES[dtype].itemsize
         self.metrics.tokens.labels(model.name).inc(tokens)
         self.metrics.output_bytes.labels(model.name, codec.DTYPE_NAMES[dtype]).inc(nbytes)
 
@@ -165,7 +166,7 @@ class EmbeddingService:
                 timing=pb.Timing(queue_ns=stats.queue_ns, tokenize_ns=tokenize_ns,
                                  compute_ns=stats.compute_ns,
                                  total_ns=time.perf_counter_ns() - t0))
-            self._account(model, rows.shape[0], dtype, rows.numel() * rows.element_size())
+            self._account(model, rows.shape[0], dtype)
             return codec.encode_embed_response(rows, dtype, response)
 
         job = Job(model.tables, fitted.ids, [(fitted.start_position, len(fitted.ids))], compose,
@@ -220,7 +221,7 @@ class EmbeddingService:
                     timing=pb.Timing(queue_ns=stats.queue_ns, tokenize_ns=tokenize_ns,
                                      compute_ns=stats.compute_ns,
                                      total_ns=time.perf_counter_ns() - t0))
-                self._account(model, rows.shape[0], dtype, rows.numel() * rows.element_size())
+                self._account(model, rows.shape[0], dtype)
                 return codec.encode_batch_response(rows, dtype, response)
 
             spans = [(f.start_position, len(f.ids)) for f in fitted]

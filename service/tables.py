@@ -101,35 +101,35 @@ class EmbeddingTables:
         else:
             x += torch.index_select(self.position_table, 0, positions_of(spans))  # (N, C)
 
+    @staticmethod
+    def _gather(table: torch.Tensor, index: torch.Tensor, x: torch.Tensor) -> None:
+        if table.dtype == torch.float32:
+            torch.index_select(table, 0, index, out=x)  # written in place
+        else:
+            x.copy_(torch.index_select(table, 0, index))  # widened to fp32
+
     @torch.inference_mode()
     def lookup(self, ids: torch.Tensor, spans: Sequence[Span], compose: int,
                dtype: torch.dtype) -> torch.Tensor:
-        """Rows for N ids at the spans' positions, as a host tensor (N, C) in ``dtype``.
+        """Rows for N ids at the spans' positions, as a host tensor (N, C).
 
-        The result is a view of a reused buffer, valid until the next call; ids are int64
-        host tensors already validated against the tables.
+        On CPU the rows are the fp32 sum: the codec casts to the wire ``dtype`` in the same
+        pass that copies them into the response. On CUDA they are cast on the device to
+        ``dtype`` (half the device→host bytes). Either way the result is a view of a reused
+        buffer, valid until the next call; ids are validated int64 host tensors.
         """
         n = int(ids.shape[0])
         if self.device.type != "cpu":
             return self._lookup_device(ids, positions_of(spans), compose, dtype, n)
-        out = self._out(n, dtype)
-        with_positions = compose != COMPOSE_TOKEN_ONLY and self.position_table is not None
+        x = self._out(n, torch.float32)  # (N, C) fp32 accumulator
         if compose == COMPOSE_POSITION_ONLY:
             assert self.position_table is not None
-            rows = torch.index_select(self.position_table, 0, positions_of(spans))  # (N, C)
-            out.copy_(rows)
-            return out
-        # fp32 accumulator: the output itself for float32, else a second reused buffer.
-        x = out if dtype == torch.float32 else self._out(n, torch.float32)  # (N, C)
-        if self.token_table.dtype == torch.float32:
-            torch.index_select(self.token_table, 0, ids, out=x)  # written in place
-        else:
-            x.copy_(torch.index_select(self.token_table, 0, ids))  # widened to fp32
-        if with_positions:
+            self._gather(self.position_table, positions_of(spans), x)
+            return x
+        self._gather(self.token_table, ids, x)
+        if compose != COMPOSE_TOKEN_ONLY and self.position_table is not None:
             self._add_positions(x, spans)  # fp32 add
-        if x is not out:
-            out.copy_(x)  # the one cast to the wire dtype
-        return out
+        return x
 
     def _lookup_device(self, ids: torch.Tensor, positions: torch.Tensor, compose: int,
                        dtype: torch.dtype, n: int) -> torch.Tensor:

@@ -111,26 +111,23 @@ def test_deadline_already_passed_is_refused_at_submit(tables: EmbeddingTables) -
     run(main())
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype == torch.float32 else t.view(torch.int16)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("spans", [
     [(0, 40), (10, 24)],  # long sequences: slice-adds of the position table
     [(3, 2)] * 32,  # many short ones: one gather of all positions
 ])
 def test_lookup_equals_reference_and_single_in_both_position_paths(
-        tables: EmbeddingTables, dtype: torch.dtype, spans: list[tuple[int, int]]) -> None:
+        tables: EmbeddingTables, spans: list[tuple[int, int]]) -> None:
     token_table, position_table = tiny_tables(0)
     n = sum(t for _, t in spans)
     ids = torch.arange(100, 100 + n)
     positions = positions_of(spans)
-    assert positions[:3].tolist() == [spans[0][0], spans[0][0] + 1, spans[1][0]
-                                      if spans[0][1] == 2 else spans[0][0] + 2]
-    expected = (token_table[ids] + position_table[positions]).to(dtype)  # (N, C)
-    batched = tables.lookup(ids, spans, COMPOSE_TOKEN_PLUS_POSITION, dtype).clone()
-    assert torch.equal(_bits(batched), _bits(expected))
+    second = spans[1][0] if spans[0][1] == 2 else spans[0][0] + 2
+    assert positions[:3].tolist() == [spans[0][0], spans[0][0] + 1, second]
+    expected = token_table[ids] + position_table[positions]  # (N, C) fp32
+    # On CPU lookup returns the fp32 sum whatever the wire dtype: the codec casts.
+    batched = tables.lookup(ids, spans, COMPOSE_TOKEN_PLUS_POSITION, torch.bfloat16).clone()
+    assert batched.dtype == torch.float32
+    assert torch.equal(batched, expected)
     start, T = spans[-1]
-    alone = tables.lookup(ids[n - T:], [(start, T)], COMPOSE_TOKEN_PLUS_POSITION, dtype)
-    assert torch.equal(_bits(alone), _bits(batched[n - T:]))
+    alone = tables.lookup(ids[n - T:], [(start, T)], COMPOSE_TOKEN_PLUS_POSITION, torch.float32)
+    assert torch.equal(alone, batched[n - T:])
