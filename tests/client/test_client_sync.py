@@ -173,10 +173,15 @@ def test_unreachable_server_is_unavailable() -> None:
     assert info.value.unreachable
 
 
-def test_deadline_is_passed_to_the_server(client: EmbeddingClient) -> None:
-    with pytest.raises(EmbeddingError) as info:
-        client.embed("hello world", timeout=1e-6)
-    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+def test_deadline_is_passed_to_the_server(tiny_repo: Path) -> None:
+    # A 300 ms batch delay holds the request past its 50 ms deadline, on every machine.
+    slow = start(tiny_repo, max_batch_delay_us=300_000)
+    try:
+        with EmbeddingClient(slow.target) as c, pytest.raises(EmbeddingError) as info:
+            c.embed("hello world", timeout=0.05)
+        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        slow.stop(grace=0.5)
 
 
 def test_bearer_token_is_sent(auth_server: ServerHandle) -> None:
