@@ -85,9 +85,9 @@ def test_position_only_without_table(stub: pb_grpc.EmbeddingServiceStub) -> None
 
 @pytest.fixture(scope="module")
 def limited_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """Small limits; a 300 ms batch delay keeps work queued long enough to collide."""
+    """Small limits; a 1 s batch delay keeps work queued long enough to collide."""
     handle = start(tiny_repo, max_text_bytes=16, max_message_bytes=2000, max_batch_tokens=8,
-                   max_queue_tokens=8, max_batch_delay_us=300_000, auth_token="t0ken")
+                   max_queue_tokens=8, max_batch_delay_us=1_000_000, auth_token="t0ken")
     yield handle
     handle.stop()
 
@@ -154,7 +154,7 @@ def test_deadline_passed_before_compute_does_no_work(
     with pytest.raises(grpc.RpcError) as info:
         limited.Embed(pb.EmbedRequest(token_ids=ids(1, 2)), timeout=0.05, **AUTH)  # type: ignore[arg-type]
     assert info.value.code() == Code.DEADLINE_EXCEEDED
-    time.sleep(0.5)  # past the 300 ms batch delay: the job was dropped, not computed
+    time.sleep(1.3)  # past the 1 s batch delay: the job was dropped, not computed
     assert tokens_served() == before
     assert list(limited.Embed(GOOD, **AUTH).token_ids) == [31373, 995]  # type: ignore[arg-type]
 
