@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 from client._gen.embedding.v1 import embedding_pb2 as pb
 from client._gen.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
-from tests.tiny_model import TRAINED_ROWS, start, tiny_tables
+from tests.tiny_model import TRAINED_ROWS, MakeCheckpoint, start, tiny_tables
 
 transformers = pytest.importorskip("transformers")
 
@@ -216,3 +217,42 @@ def test_tokenize_detokenize_and_model_rpcs(stub: pb_grpc.EmbeddingServiceStub) 
     assert info.has_row_updates
     assert info.untrained_rows == 50257 - TRAINED_ROWS
     assert info.tokenizer.special_tokens["<|endoftext|>"] == 50256
+
+
+def test_bfloat16_tables_add_in_fp32(tiny_repo: Path) -> None:
+    """--table-dtype bfloat16 halves table memory; rows are widened, then added in fp32."""
+    token_table, position_table = tiny_tables(0)
+    handle = start(tiny_repo, table_dtype="bfloat16")
+    try:
+        with grpc.insecure_channel(handle.target) as channel:
+            r = pb_grpc.EmbeddingServiceStub(channel).Embed(pb.EmbedRequest(
+                token_ids=pb.TokenIds(ids=[3, 4]), start_position=2))
+    finally:
+        handle.stop()
+    expected = (token_table[[3, 4]].to(torch.bfloat16).float()
+                + position_table[2:4].to(torch.bfloat16).float())  # (T, C)
+    assert torch.equal(rows(r.embeddings), expected)
+
+
+def test_sinusoidal_positions_computed_at_load(tmp_path: Path,
+                                               make_checkpoint: MakeCheckpoint) -> None:
+    from service.tables import sinusoidal_table
+
+    make_checkpoint(tmp_path, "sin", position="sinusoidal", seed=2)
+    token_table, _ = tiny_tables(2)
+    handle = start(tmp_path, default_model="sin")
+    try:
+        with grpc.insecure_channel(handle.target) as channel:
+            stub = pb_grpc.EmbeddingServiceStub(channel)
+            both = stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=[9, 8]),
+                                              start_position=5))
+            only = stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=[9, 8]),
+                                              start_position=5,
+                                              compose=pb.COMPOSE_POSITION_ONLY))
+    finally:
+        handle.stop()
+    table = sinusoidal_table(64, 16)  # (max_seq_len, C)
+    assert torch.equal(rows(only.embeddings), table[5:7])
+    assert torch.equal(rows(both.embeddings), token_table[[9, 8]] + table[5:7])
+    assert float(table[0, 1]) == 1.0
+    assert float(table[0, 0]) == 0.0
