@@ -38,9 +38,10 @@ from service.validation import (
     fit_length,
 )
 
-__all__ = ["SERVICE_NAME", "EmbeddingService"]
+__all__ = ["SERVICE_NAME", "UNKNOWN_MODEL", "EmbeddingService"]
 
 SERVICE_NAME = "embedding.v1.EmbeddingService"
+UNKNOWN_MODEL = "_unknown"  # metric label for requests naming a model that is not loaded
 STREAM_WINDOW = 64  # requests of one stream in flight at once: pipelining with backpressure
 log = logging.getLogger("service.api")
 
@@ -96,7 +97,11 @@ class EmbeddingService:
             await context.abort(code, message)
         finally:
             self.metrics.inflight.dec()
+            # A model name from the request becomes a label only if it is loaded: clients
+            # must not be able to mint unbounded metric series.
             label = model or self.repo.default_model
+            if label not in self.repo.models:
+                label = UNKNOWN_MODEL
             self.metrics.requests.labels(rpc, label, code.name).inc()
             self.metrics.request_duration.labels(rpc, label).observe(time.perf_counter() - t0)
 

@@ -125,7 +125,12 @@ def check_metrics_move(server: ServerHandle) -> None:
             stub.Embed(GOOD)
         with pytest.raises(grpc.RpcError):
             stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=[-1])))
+        for name in ("nope", "x" * 200):  # unknown names must not mint new series
+            with pytest.raises(grpc.RpcError):
+                stub.Embed(pb.EmbedRequest(model=name, text="hi"))
     after = scrape(server)
+    assert 'embed_requests_total{code="NOT_FOUND",model="_unknown",rpc="Embed"} 2.0' in after
+    assert 'model="nope"' not in after
     assert sample(after, ok) - sample(before, ok) == 3
     assert sample(after, bad) - sample(before, bad) == 1
     assert sample(after, tokens) - sample(before, tokens) == 6
