@@ -51,13 +51,12 @@ class Job:
     dtype: torch.dtype
     encode: Callable[[torch.Tensor, BatchStats], bytes]  # rows (N, C) -> response bytes
     deadline: float | None = None  # time.monotonic() seconds; None = no deadline
+    tokens: int = field(init=False)  # rows this job needs
     future: asyncio.Future[bytes] = field(init=False)
     enqueued_ns: int = field(init=False, default=0)
 
-    @property
-    def tokens(self) -> int:
-        """Rows this job needs."""
-        return int(self.ids.shape[0])
+    def __post_init__(self) -> None:
+        self.tokens = int(self.ids.shape[0])
 
 
 class Batcher:
@@ -84,7 +83,7 @@ class Batcher:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
 
     async def close(self) -> None:
-        """Stop the loop; queued jobs fail with UNAVAILABLE-free cancellation."""
+        """Stop the loop and cancel the jobs still queued."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -103,7 +102,6 @@ class Batcher:
                 f"exceed max_queue_tokens={self.max_queue_tokens}; retry later")
         if job.deadline is not None and time.monotonic() >= job.deadline:
             raise DeadlineExceeded("deadline passed before compute; no work was done")
-        job.future = asyncio.get_running_loop().create_future()
         job.enqueued_ns = time.perf_counter_ns()
         if (not self._queue and not self._busy and self.max_batch_delay_s == 0
                 and job.tokens <= INLINE_TOKENS):
@@ -113,6 +111,7 @@ class Batcher:
             if isinstance(result, BaseException):
                 raise result
             return result
+        job.future = asyncio.get_running_loop().create_future()
         self._queue.append(job)
         self.queued_tokens += job.tokens
         assert self._wakeup is not None, "Batcher.start() was not called"

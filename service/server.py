@@ -22,7 +22,6 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
 from service.api import SERVICE_NAME, EmbeddingService
 from service.batcher import Batcher
 from service.config import ServerConfig
@@ -118,7 +117,6 @@ class EmbeddingServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        _ = pb  # the descriptor must be in the default pool for reflection
         address = f"{c.host}:{c.grpc_port}"
         creds = self._credentials()
         self.grpc_port = (server.add_secure_port(address, creds) if creds
