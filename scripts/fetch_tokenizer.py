@@ -15,12 +15,13 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-__all__ = ["GPT2_RANKS_SHA256", "fetch", "main"]
+from service.tokenizer import GPT2_RANKS_SHA256, default_ranks_path
 
-GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
-WHISPER_SDIST = "openai-whisper==20250625"  # pinned: its gpt2.tiktoken has the sha above
+__all__ = ["fetch", "main"]
+
+WHISPER_SDIST = "openai-whisper==20250625"  # pinned: its gpt2.tiktoken has GPT2_RANKS_SHA256
 MEMBER_SUFFIX = "whisper/assets/gpt2.tiktoken"
-DEFAULT_DEST = Path(__file__).resolve().parent.parent / "assets" / "gpt2.tiktoken"
+DEFAULT_DEST = default_ranks_path()
 
 
 def _sha256(path: Path) -> str:
