@@ -28,10 +28,9 @@ from typing import Any
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.model import ensure_model
-from bench.servers import GLIBC_TUNABLES, free_port
+from bench.servers import GLIBC_TUNABLES, ServerProcess, free_port, wait_serving
 from client._gen.embedding.v1 import embedding_pb2 as pb
 from client._gen.embedding.v1 import embedding_pb2_grpc as pb_grpc
 
@@ -53,22 +52,7 @@ def _minflt(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[7])  # field 10: minflt
 
 
-def _wait_serving(target: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
-    raise RuntimeError(f"{target} not SERVING after {timeout}s")
-
-
-def _launch(repo: Path, port: int, tunables: bool, workers: int = 1) -> subprocess.Popen[bytes]:
+def _launch(repo: Path, port: int, tunables: bool, workers: int = 1) -> ServerProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable}
     env.pop("GLIBC_TUNABLES", None)
     if tunables:
@@ -76,8 +60,12 @@ def _launch(repo: Path, port: int, tunables: bool, workers: int = 1) -> subproce
     argv = [sys.executable, "-m", "service", "--model-repository", str(repo / "models"),
             "--grpc-port", str(port), "--metrics-port", "-1", "--poll-seconds", "0",
             "--workers", str(workers)]
-    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    log = repo / f"service-{port}.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    server = ServerProcess("service", f"127.0.0.1:{port}", proc, log)
+    wait_serving(server, 60.0)
+    return server
 
 
 def _traffic(target: str, n: int) -> None:
@@ -91,25 +79,24 @@ def _traffic(target: str, n: int) -> None:
             np.frombuffer(r.embeddings.data, dtype="<f4").reshape(T, C)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+def _stop(server: ServerProcess) -> None:
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(timeout=30)
 
 
 def _faults(repo: Path, tunables: bool, n: int) -> dict[str, float]:
-    port = free_port()
-    proc = _launch(repo, port, tunables)
+    server = _launch(repo, free_port(), tunables)
+    pid = server.proc.pid
     try:
-        _wait_serving(f"127.0.0.1:{port}")
-        _traffic(f"127.0.0.1:{port}", 20)  # warm-up: buffers reach their steady size
-        before = _minflt(proc.pid)
-        _traffic(f"127.0.0.1:{port}", n)
-        faults = (_minflt(proc.pid) - before) / n
+        _traffic(server.target, 20)  # warm-up: buffers reach their steady size
+        before = _minflt(pid)
+        _traffic(server.target, n)
+        faults = (_minflt(pid) - before) / n
         return {"minor_faults_per_request": faults,
-                "rss_mb": _proc_kb(proc.pid, "VmRSS", "status") / 1024,
-                "pss_mb": _proc_kb(proc.pid, "Pss", "smaps_rollup") / 1024}
+                "rss_mb": _proc_kb(pid, "VmRSS", "status") / 1024,
+                "pss_mb": _proc_kb(pid, "Pss", "smaps_rollup") / 1024}
     finally:
-        _stop(proc)
+        _stop(server)
 
 
 def _startup(repo: Path) -> float:
@@ -126,13 +113,12 @@ def _startup(repo: Path) -> float:
 
 
 def _workers(repo: Path, n: int) -> dict[str, Any]:
-    port = free_port()
-    proc = _launch(repo, port, True, workers=2)
+    server = _launch(repo, free_port(), True, workers=2)
+    pid = server.proc.pid
     try:
-        _wait_serving(f"127.0.0.1:{port}")
         time.sleep(1.0)  # both workers up
-        _traffic(f"127.0.0.1:{port}", n)
-        children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        _traffic(server.target, n)
+        children = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children")
                     .read_text().split()]
         # spawn's resource tracker is a child too; servers are the big ones.
         pss = sorted((_proc_kb(c, "Pss", "smaps_rollup") / 1024 for c in children),
@@ -141,7 +127,7 @@ def _workers(repo: Path, n: int) -> dict[str, Any]:
                      reverse=True)[:2]
         return {"worker_pss_mb": pss, "worker_rss_mb": rss, "total_pss_mb": sum(pss)}
     finally:
-        _stop(proc)
+        _stop(server)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,7 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.config import BenchConfig
 from bench.model import MODEL_NAME
 
-__all__ = ["GLIBC_TUNABLES", "ServerProcess", "free_port", "start_servers", "stop_servers"]
+__all__ = ["GLIBC_TUNABLES", "ServerProcess", "free_port", "start_servers", "stop_servers",
+           "wait_serving"]
 
 ROOT = Path(__file__).resolve().parent.parent
 # Kept equal to scripts/serve.sh's default.
@@ -60,7 +61,8 @@ def _launch(name: str, argv: list[str], port: int, log_dir: Path) -> ServerProce
     return ServerProcess(name, f"127.0.0.1:{port}", proc, log)
 
 
-def _wait_serving(server: ServerProcess, timeout_s: float) -> None:
+def wait_serving(server: ServerProcess, timeout_s: float) -> None:
+    """Poll grpc.health until SERVING; raise with the log's tail if it exits or times out."""
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(server.target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -103,7 +105,7 @@ def start_servers(cfg: BenchConfig, repo: Path, log_dir: Path,
         servers[name] = _launch(name, _argv(name, port, cfg, repo), port, log_dir)
     try:
         for server in servers.values():
-            _wait_serving(server, timeout_s)
+            wait_serving(server, timeout_s)
     except BaseException:
         stop_servers(servers)
         raise
