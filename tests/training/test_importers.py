@@ -32,24 +32,25 @@ def _gpt2_config(vocab_size: int = GPT2_VOCAB) -> Any:
                                    n_positions=64)
 
 
+def _saved(model_class: Any, seed: int, tmp_path_factory: pytest.TempPathFactory,
+           name: str) -> tuple[Path, Any]:
+    torch.manual_seed(seed)
+    model = model_class(_gpt2_config()).eval()
+    out = tmp_path_factory.mktemp(name)
+    model.save_pretrained(out, safe_serialization=True)
+    return out, model
+
+
 @pytest.fixture(scope="module")
 def gpt2_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """A tiny random GPT2Model saved as safetensors (names wte.weight / wpe.weight)."""
-    torch.manual_seed(0)
-    model = transformers.GPT2Model(_gpt2_config()).eval()
-    out = tmp_path_factory.mktemp("hf-gpt2")
-    model.save_pretrained(out, safe_serialization=True)
-    return out, model
+    return _saved(transformers.GPT2Model, 0, tmp_path_factory, "hf-gpt2")
 
 
 @pytest.fixture(scope="module")
 def gpt2_lm_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """A tiny GPT2LMHeadModel (transformer. prefix; lm_head tied and not saved)."""
-    torch.manual_seed(1)
-    model = transformers.GPT2LMHeadModel(_gpt2_config()).eval()
-    out = tmp_path_factory.mktemp("hf-gpt2-lm")
-    model.save_pretrained(out, safe_serialization=True)
-    return out, model
+    return _saved(transformers.GPT2LMHeadModel, 1, tmp_path_factory, "hf-gpt2-lm")
 
 
 def test_hf_gpt2_tables_bit_exact(gpt2_model: tuple[Path, Any], tmp_path: Path,
