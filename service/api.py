@@ -23,7 +23,7 @@ import torch
 
 from client._gen.embedding.v1 import embedding_pb2 as pb
 from service import codec
-from service.batcher import Batcher, BatchStats, Job
+from service.batcher import Batcher, Job
 from service.errors import EmbedError, InvalidArgument, Unauthenticated, Unavailable, status_for
 from service.metrics import Metrics
 from service.repository import LoadedModel, Repository
@@ -133,13 +133,12 @@ class EmbeddingService:
             self.metrics.untrained_lookups.labels(model.name).inc(len(idx))
         return idx
 
-    def _account(self, model: LoadedModel, tokens: int, dtype: int) -> None:
-        nbytes = tokens * model.tables.dim * codec.DTYPES[dtype].itemsize
-        self.metrics.tokens.labels(model.name).inc(tokens)
+    def _account(self, model: LoadedModel, job: Job, dtype: int) -> None:
+        # On the event loop after the batch: metrics are never touched by two threads.
+        nbytes = job.tokens * model.tables.dim * codec.DTYPES[dtype].itemsize
+        self.metrics.tokens.labels(model.name).inc(job.tokens)
         self.metrics.output_bytes.labels(model.name, codec.DTYPE_NAMES[dtype]).inc(nbytes)
-
-    def _observe(self, stats: BatchStats) -> None:
-        self.metrics.queue_duration.observe(stats.queue_ns / 1e9)
+        self.metrics.queue_duration.observe(job.queue_ns / 1e9)
 
     # -- embedding RPCs -------------------------------------------------------------------
 
@@ -161,22 +160,18 @@ class EmbeddingService:
         echo = (request.token_ids.ids if request.WhichOneof("input") == "token_ids"
                 and not fitted.truncated_tokens else fitted.ids.tolist())
 
-        def encode(rows: torch.Tensor, stats: BatchStats) -> bytes:
-            self._observe(stats)
-            response = pb.EmbedResponse(
-                token_ids=echo, start_position=fitted.start_position,
-                model=model.name, version=model.version, checkpoint_id=model.checkpoint_id,
-                truncated_tokens=fitted.truncated_tokens, untrained_token_indices=untrained,
-                request_id=request.request_id,
-                timing=pb.Timing(queue_ns=stats.queue_ns, tokenize_ns=tokenize_ns,
-                                 compute_ns=stats.compute_ns,
-                                 total_ns=time.perf_counter_ns() - t0))
-            self._account(model, rows.shape[0], dtype)
-            return codec.encode_embed_response(rows, dtype, response)
-
-        job = Job(model.tables, fitted.ids, [(fitted.start_position, len(fitted.ids))], compose,
-                  torch_dtype, encode, self._deadline(context))
-        return await self.batcher.submit(job)
+        fields = pb.EmbedResponse(
+            token_ids=echo, start_position=fitted.start_position, model=model.name,
+            version=model.version, checkpoint_id=model.checkpoint_id,
+            truncated_tokens=fitted.truncated_tokens, untrained_token_indices=untrained,
+            request_id=request.request_id)
+        T = len(fitted.ids)
+        job = Job(model.tables, fitted.ids, [(fitted.start_position, T)], compose,
+                  codec.Reply(fields, (T, model.tables.dim), dtype), t0, tokenize_ns,
+                  self._deadline(context))
+        data = await self.batcher.submit(job)
+        self._account(model, job, dtype)
+        return data
 
     async def Embed(self, request: pb.EmbedRequest,
                     context: grpc.aio.ServicerContext) -> bytes:
@@ -218,21 +213,16 @@ class EmbeddingService:
                      for f in fitted]
             tokenize_ns = sum(ns for _, ns in tokenized)
 
-            def encode(rows: torch.Tensor, stats: BatchStats) -> bytes:
-                self._observe(stats)
-                response = pb.EmbedBatchResponse(
-                    offsets=offsets, items=items, model=model.name, version=model.version,
-                    checkpoint_id=model.checkpoint_id, request_id=request.request_id,
-                    timing=pb.Timing(queue_ns=stats.queue_ns, tokenize_ns=tokenize_ns,
-                                     compute_ns=stats.compute_ns,
-                                     total_ns=time.perf_counter_ns() - t0))
-                self._account(model, rows.shape[0], dtype)
-                return codec.encode_batch_response(rows, dtype, response)
-
+            fields = pb.EmbedBatchResponse(
+                offsets=offsets, items=items, model=model.name, version=model.version,
+                checkpoint_id=model.checkpoint_id, request_id=request.request_id)
             spans = [(f.start_position, len(f.ids)) for f in fitted]
             job = Job(model.tables, torch.cat([f.ids for f in fitted]), spans, compose,
-                      torch_dtype, encode, self._deadline(context))
-            return await self.batcher.submit(job)
+                      codec.Reply(fields, (total, model.tables.dim), dtype), t0, tokenize_ns,
+                      self._deadline(context))
+            data = await self.batcher.submit(job)
+            self._account(model, job, dtype)
+            return data
 
         return await self._call("EmbedBatch", request.model, request.request_id, context, body)
 

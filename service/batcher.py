@@ -1,10 +1,10 @@
-"""Dynamic batching: concurrent requests from every RPC share one gather+add.
+"""Dynamic batching: concurrent requests from every RPC share one trip to the tables.
 
 Requests queue as ``Job``s. One loop task takes what is queued (optionally waiting
 ``max_batch_delay_us`` for more), up to ``max_batch_tokens``, drops jobs whose deadline
 passed or whose caller went away, and runs the batch on the compute thread: per group of
-(model, compose, dtype), one concatenation of ids, one lookup, then each job's rows are
-encoded into its response bytes before the reused output buffer is touched again.
+(model, compose, dtype), each job's response bytes are allocated, one ``embed_into``
+writes every job's rows into them, and the timing fields finish each response.
 Lookups are elementwise, so a job's rows are bit-identical however it was batched.
 """
 
@@ -20,40 +20,36 @@ from dataclasses import dataclass, field
 
 import torch
 
+from service.codec import Reply
 from service.errors import DeadlineExceeded, ResourceExhausted
 from service.tables import EmbeddingTables, Span
 
-__all__ = ["INLINE_TOKENS", "BatchStats", "Batcher", "Job"]
+__all__ = ["INLINE_TOKENS", "Batcher", "Job"]
 
 # Batches up to this many rows run on the event loop: a 256-row gather+add+copy takes tens
 # of µs at C=768, less than handing it to the compute thread and waking the loop back up.
 INLINE_TOKENS = 256
 
 
-@dataclass
-class BatchStats:
-    """What one batch cost, handed to each job's encoder (for timing fields and metrics)."""
-
-    queue_ns: int  # this job's wait from submit to the batch starting
-    compute_ns: int  # the batch's lookup time
-    batch_tokens: int
-    batch_requests: int
-
-
 @dataclass(eq=False)
 class Job:
-    """One request's lookup: rows for ids at the spans' positions, encoded by ``encode``."""
+    """One request's lookup: rows for ids at the spans' positions, written into ``reply``."""
 
     tables: EmbeddingTables
     ids: torch.Tensor  # (N,) int64, validated
     spans: list[Span]  # (start_position, T) per sequence, summing to N rows
     compose: int
-    dtype: torch.dtype
-    encode: Callable[[torch.Tensor, BatchStats], bytes]  # rows (N, C) -> response bytes
+    reply: Reply  # the response's layout; its rows are [N, C] in the wire dtype
+    start_ns: int  # time.perf_counter_ns() when the RPC began: total_ns runs from here
+    tokenize_ns: int = 0
     deadline: float | None = None  # time.monotonic() seconds; None = no deadline
     tokens: int = field(init=False)  # rows this job needs
     future: asyncio.Future[bytes] = field(init=False)
     enqueued_ns: int = field(init=False, default=0)
+    # Set when the job's batch runs (for metrics and tests).
+    queue_ns: int = field(init=False, default=0)  # submit → batch start
+    batch_tokens: int = field(init=False, default=0)
+    batch_requests: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.tokens = int(self.ids.shape[0])
@@ -178,25 +174,26 @@ class Batcher:
         start_ns = time.perf_counter_ns()
         groups: dict[tuple[int, int, torch.dtype], list[int]] = {}
         for i, job in enumerate(batch):
-            groups.setdefault((id(job.tables), job.compose, job.dtype), []).append(i)
+            groups.setdefault((id(job.tables), job.compose, job.reply.dtype), []).append(i)
         results: list[bytes | BaseException] = [b""] * len(batch)
         total = sum(job.tokens for job in batch)
         for members in groups.values():
             jobs = [batch[i] for i in members]
-            ids = jobs[0].ids if len(jobs) == 1 else torch.cat([j.ids for j in jobs])  # (N,)
-            spans = [span for j in jobs for span in j.spans]
-            t0 = time.perf_counter_ns()
-            rows = jobs[0].tables.lookup(ids, spans, jobs[0].compose, jobs[0].dtype)  # (N, C)
-            compute_ns = time.perf_counter_ns() - t0
-            offset = 0
-            for i, job in zip(members, jobs):
-                stats = BatchStats(queue_ns=start_ns - job.enqueued_ns, compute_ns=compute_ns,
-                                   batch_tokens=total, batch_requests=len(batch))
-                try:
-                    results[i] = job.encode(rows[offset: offset + job.tokens], stats)
-                except Exception as e:  # one bad encode must not fail its batch-mates
+            try:
+                writers = [job.reply.allocate() for job in jobs]
+                t0 = time.perf_counter_ns()
+                jobs[0].tables.embed_into(
+                    [(job.ids, job.spans, w.rows) for job, w in zip(jobs, writers)],
+                    jobs[0].compose)
+                compute_ns = time.perf_counter_ns() - t0
+                for i, job, writer in zip(members, jobs, writers):
+                    job.queue_ns = start_ns - job.enqueued_ns
+                    job.batch_tokens, job.batch_requests = total, len(batch)
+                    results[i] = writer.finish(job.queue_ns, job.tokenize_ns, compute_ns,
+                                               time.perf_counter_ns() - job.start_ns)
+            except Exception as e:  # one failed group must not fail its batch-mates
+                for i in members:
                     results[i] = e
-                offset += job.tokens
         if self._on_batch is not None:
             seconds = (time.perf_counter_ns() - start_ns) / 1e9
             self._on_batch(total, len(batch), seconds, batch[0].tables.device.type)

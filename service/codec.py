@@ -1,37 +1,42 @@
-"""Wire encoding of embedding responses: the tensor is copied once, without the GIL.
+"""Wire encoding of embedding responses: the tensor is written once, in place.
 
 The generic path (set ``Tensor.data``, then ``SerializeToString``) copies a [T, C] payload
 three times in Python before gRPC copies it again into its own slice. Protobuf messages
 are a concatenation of fields in any order, so we serialise the small fields with the
-generated code and write the tensor in ourselves:
+generated code and lay the response out ourselves:
 
-    EmbedResponse = 0x0a len(Tensor) [Tensor header: shape, dtype] 0x1a len(data) DATA
-                    [every other field, serialised normally]
+    0x0a len(Tensor) [shape, dtype] 0x1a len(data) DATA | other fields | timing (46 B)
 
-The response ``bytes`` object is allocated at its final size, uninitialised, through
-CPython's ``PyBytes_FromStringAndSize(NULL, n)`` (the documented way for C code to build
-a bytes object in place), and filled before anything else can see it. DATA is written by
-one torch ``copy_``, which casts fp32 rows to the wire dtype in the same pass and releases
-the GIL, so the event loop keeps serving while a multi-MB response is filled.
+Everything but DATA and the timing is known when a request is admitted, so a ``Reply``
+is planned then. When its batch runs, ``Reply.allocate`` creates the response ``bytes``
+at its final size, uninitialised, through CPython's ``PyBytes_FromStringAndSize(NULL,
+n)`` (the documented way for C code to build a bytes object in place), and exposes DATA
+as a writable tensor: the lookup writes the rows straight into it. The timing is known
+only after the lookup, so it is written last, at a fixed size: each uint64 as a 10-byte
+varint (over-long varints are valid protobuf; every conforming parser reads them). That
+costs 30 bytes per response and is what lets the tensor be written before the timing.
 
-Copies of the tensor per response, end to end in the server:
-  1. gather (+ add) writes the batch's fp32 rows into a reused scratch buffer;
-  2. ``copy_`` writes one response's rows (cast to the wire dtype) into its bytes object;
-  3. gRPC core copies those bytes into its send slice (outside our control).
-The transport ceiling (a precomputed message) pays 3 as well.
+Copies of the tensor per response, end to end in the server (see ``tables.embed_into``):
+  1. the gather writes fp32 rows into the response bytes (fp32 output), or into a reused
+     scratch buffer that one cast-copy turns into the response bytes (fp16/bf16 output,
+     many small requests sharing one gather, or the device→host copy on CUDA);
+  2. gRPC core copies those bytes into its send slice (outside our control).
+The transport ceiling (a precomputed message) pays 2 as well.
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Sequence
 
 import torch
+from google.protobuf.message import Message
 
 from client._gen.embedding.v1 import embedding_pb2 as pb
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "encode_batch_response", "encode_embed_response",
-           "identity"]
+__all__ = ["DTYPES", "DTYPE_NAMES", "TIMING_BYTES", "Reply", "ResponseWriter", "identity",
+           "padded_varint"]
 
 if sys.byteorder != "little":  # torch writes native order; the wire is little-endian
     raise ImportError("service.codec supports little-endian hosts only")
@@ -46,6 +51,11 @@ DTYPE_NAMES: dict[int, str] = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_FLOAT16: "f
                                pb.DTYPE_BFLOAT16: "bfloat16"}
 _TAG_EMBEDDINGS = b"\x0a"  # field 1, wire type 2 (length-delimited), in both responses
 _TAG_DATA = b"\x1a"  # Tensor.data: field 3, wire type 2
+_VARINT_MAX = 10  # bytes of the longest uint64 varint
+_TIMING_FIELDS = 4  # queue_ns, tokenize_ns, compute_ns, total_ns: fields 1..4, varints
+_TIMING_BODY = _TIMING_FIELDS * (1 + _VARINT_MAX)
+TIMING_BYTES = 2 + _TIMING_BODY  # tag, length (one byte: 44), body
+_SHIFTS = tuple(range(0, 7 * (_VARINT_MAX - 1), 7))  # 0, 7, ..., 56
 
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
@@ -53,6 +63,11 @@ _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 _bytes_address = ctypes.pythonapi.PyBytes_AsString
 _bytes_address.restype = ctypes.c_void_p
 _bytes_address.argtypes = (ctypes.py_object,)
+# A writable memoryview over raw memory: no ctypes array type built per response.
+_memory_view = ctypes.pythonapi.PyMemoryView_FromMemory
+_memory_view.restype = ctypes.py_object
+_memory_view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_PyBUF_WRITE = 0x200
 
 
 def _varint(n: int) -> bytes:
@@ -67,34 +82,77 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _splice(rows: torch.Tensor, dtype: int, rest: bytes) -> bytes:
-    wire_dtype = DTYPES[dtype]
-    T, C = rows.shape
-    nbytes = T * C * wire_dtype.itemsize
-    header = pb.Tensor(shape=[T, C], dtype=dtype).SerializeToString()  # type: ignore[arg-type]
-    data_len = _varint(nbytes)
-    tensor_len = len(header) + 1 + len(data_len) + nbytes
-    head = b"".join((_TAG_EMBEDDINGS, _varint(tensor_len), header, _TAG_DATA, data_len))
-    total = len(head) + nbytes + len(rest)  # always > 1: never CPython's shared 1-byte objects
-    out = _new_bytes(None, total)  # fresh and uninitialised: ours alone until returned
-    address = _bytes_address(out)
-    ctypes.memmove(address, head, len(head))
-    buffer = (ctypes.c_char * total).from_address(address)
-    wire = torch.frombuffer(buffer, dtype=wire_dtype, count=T * C, offset=len(head))
-    wire.view(T, C).copy_(rows)  # the one copy, with the cast; releases the GIL
-    ctypes.memmove(address + len(head) + nbytes, rest, len(rest))
-    return out
+def padded_varint(n: int) -> bytes:
+    """``n`` (0 <= n < 2**64) as a 10-byte varint: same value, fixed size."""
+    return bytes([((n >> s) & 0x7F) | 0x80 for s in _SHIFTS] + [n >> 63])
 
 
-def encode_embed_response(rows: torch.Tensor, dtype: int, response: pb.EmbedResponse) -> bytes:
-    """Serialised EmbedResponse: ``response`` (embeddings unset) plus ``rows`` as [T, C]."""
-    return _splice(rows, dtype, response.SerializeToString())
+def _timing(tag: int, values: Sequence[int]) -> bytes:
+    parts = [bytes((tag, _TIMING_BODY))]
+    for field, value in enumerate(values, start=1):
+        parts.append(bytes((field << 3,)))  # wire type 0 (varint)
+        parts.append(padded_varint(value))
+    return b"".join(parts)
 
 
-def encode_batch_response(rows: torch.Tensor, dtype: int,
-                          response: pb.EmbedBatchResponse) -> bytes:
-    """Serialised EmbedBatchResponse: ``response`` plus the packed [ΣT, C] rows."""
-    return _splice(rows, dtype, response.SerializeToString())
+class ResponseWriter:
+    """One response being built: write ``rows``, then ``finish`` with the timing."""
+
+    __slots__ = ("_address", "_timing_at", "_timing_tag", "data", "rows")
+
+    def __init__(self, reply: Reply) -> None:
+        head, nbytes, fields = reply.head, reply.nbytes, reply.fields
+        total = len(head) + nbytes + len(fields) + TIMING_BYTES  # > 1: never a shared object
+        self.data: bytes = _new_bytes(None, total)  # fresh, uninitialised, ours alone
+        address = self._address = _bytes_address(self.data)
+        ctypes.memmove(address, head, len(head))
+        ctypes.memmove(address + len(head) + nbytes, fields, len(fields))
+        self._timing_at = address + total - TIMING_BYTES
+        self._timing_tag = reply.timing_tag
+        T, C = reply.shape
+        if nbytes == 0:  # torch.frombuffer refuses empty buffers
+            self.rows = torch.empty(T, C, dtype=reply.dtype)
+        else:
+            view = _memory_view(address + len(head), nbytes, _PyBUF_WRITE)
+            self.rows = torch.frombuffer(view, dtype=reply.dtype).view(T, C)  # (T, C)
+
+    def finish(self, queue_ns: int, tokenize_ns: int, compute_ns: int, total_ns: int) -> bytes:
+        """Write the timing fields and hand over the finished bytes."""
+        timing = _timing(self._timing_tag, (queue_ns, tokenize_ns, compute_ns, total_ns))
+        ctypes.memmove(self._timing_at, timing, TIMING_BYTES)
+        data = self.data
+        del self.rows  # the view must not outlive the writer's ownership of the bytes
+        return data
+
+
+class Reply:
+    """The planned layout of one response: every field but the rows' values and the timing.
+
+    ``fields`` is an ``EmbedResponse`` or ``EmbedBatchResponse`` with ``embeddings`` and
+    ``timing`` unset; ``shape`` is [T, C] of the rows; ``dtype`` a ``DType`` enum value.
+    """
+
+    __slots__ = ("dtype", "fields", "head", "nbytes", "shape", "timing_tag")
+
+    def __init__(self, fields: Message, shape: tuple[int, int], dtype: int) -> None:
+        if fields.HasField("embeddings") or fields.HasField("timing"):
+            raise ValueError("Reply fields must leave embeddings and timing unset")
+        self.dtype = DTYPES[dtype]
+        self.shape = shape
+        T, C = shape
+        self.nbytes = T * C * self.dtype.itemsize
+        header = pb.Tensor(shape=[T, C], dtype=dtype).SerializeToString()  # type: ignore[arg-type]
+        data_len = _varint(self.nbytes)
+        tensor_len = len(header) + 1 + len(data_len) + self.nbytes
+        self.head = b"".join((_TAG_EMBEDDINGS, _varint(tensor_len), header, _TAG_DATA,
+                              data_len))
+        self.fields = fields.SerializeToString()
+        number = fields.DESCRIPTOR.fields_by_name["timing"].number
+        self.timing_tag = (number << 3) | 2  # length-delimited; one byte for field < 16
+
+    def allocate(self) -> ResponseWriter:
+        """The response bytes at their final size, with ``rows`` to write into."""
+        return ResponseWriter(self)
 
 
 def identity(data: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""Frozen embedding tables on a device, and the one gather+add per batch.
+"""Frozen embedding tables on a device, and the gather+add that writes a batch's rows.
 
 x = token_table[ids] + position_table[positions]  # (N, C), added in fp32
 
@@ -6,6 +6,9 @@ On CPU with float32 storage the tables are the checkpoint's memory maps: no copy
 shared between worker processes through the page cache. On CUDA the tables live on the
 device and each batch costs one host→device copy of ids+positions (pinned), one gather,
 one add, one cast, one device→host copy (pinned) and one synchronisation.
+
+Rows are written into the caller's output tensors, which are the response bytes
+(``codec.Reply``): on CPU an fp32 response is gathered into directly.
 """
 
 from __future__ import annotations
@@ -17,9 +20,15 @@ import numpy as np
 import torch
 
 __all__ = ["COMPOSE_POSITION_ONLY", "COMPOSE_TOKEN_ONLY", "COMPOSE_TOKEN_PLUS_POSITION",
-           "EmbeddingTables", "Span", "positions_of", "resolve_device", "sinusoidal_table"]
+           "SHARED_GATHER_ROWS", "EmbeddingTables", "Part", "Span", "positions_of",
+           "resolve_device", "sinusoidal_table"]
 
 Span = tuple[int, int]  # (start_position, T): one sequence's rows, consecutive in a batch
+# One request's share of a batch: ids (N,), its spans, and where its (N, C) rows go.
+Part = tuple[torch.Tensor, list[Span], torch.Tensor]
+# Parts of a batch share one gather while they total at most this many rows (3 MB of fp32
+# scratch at C=768: cache-resident until copied out); larger batches gather per part.
+SHARED_GATHER_ROWS = 1024
 # Below this many rows per sequence a single gather of all positions beats a slice-add per
 # sequence (each slice-add is a separate torch call, ~5 µs of Python and dispatch).
 _MIN_ROWS_PER_SLICE = 32
@@ -80,8 +89,8 @@ class EmbeddingTables:
             n += self.position_table.numel() * self.position_table.element_size()
         return n
 
-    def _out(self, n: int, dtype: torch.dtype) -> torch.Tensor:
-        # Reused host buffer: callers copy the rows out before the next batch runs, and a
+    def _scratch_rows(self, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        # Reused host buffer: its rows are copied out before the next batch runs, and a
         # buffer that stays allocated is never handed back to the OS and faulted in again.
         buf = self._scratch.get(dtype)
         if buf is None or buf.numel() < n * self.dim:
@@ -103,36 +112,59 @@ class EmbeddingTables:
 
     @staticmethod
     def _gather(table: torch.Tensor, index: torch.Tensor, x: torch.Tensor) -> None:
-        if table.dtype == torch.float32:
+        if table.dtype == x.dtype:
             torch.index_select(table, 0, index, out=x)  # written in place
         else:
             x.copy_(torch.index_select(table, 0, index))  # widened to fp32
 
-    @torch.inference_mode()
-    def lookup(self, ids: torch.Tensor, spans: Sequence[Span], compose: int,
-               dtype: torch.dtype) -> torch.Tensor:
-        """Rows for N ids at the spans' positions, as a host tensor (N, C).
-
-        On CPU the rows are the fp32 sum: the codec casts to the wire ``dtype`` in the same
-        pass that copies them into the response. On CUDA they are cast on the device to
-        ``dtype`` (half the device→host bytes). Either way the result is a view of a reused
-        buffer, valid until the next call; ids are validated int64 host tensors.
-        """
-        n = int(ids.shape[0])
-        if self.device.type != "cpu":
-            return self._lookup_device(ids, positions_of(spans), compose, dtype, n)
-        x = self._out(n, torch.float32)  # (N, C) fp32 accumulator
+    def _sum(self, ids: torch.Tensor, spans: Sequence[Span], compose: int,
+             x: torch.Tensor) -> None:
+        """x = token rows + position rows (per ``compose``), in x's dtype (fp32)."""
         if compose == COMPOSE_POSITION_ONLY:
             assert self.position_table is not None
             self._gather(self.position_table, positions_of(spans), x)
-            return x
+            return
         self._gather(self.token_table, ids, x)
         if compose != COMPOSE_TOKEN_ONLY and self.position_table is not None:
             self._add_positions(x, spans)  # fp32 add
-        return x
 
-    def _lookup_device(self, ids: torch.Tensor, positions: torch.Tensor, compose: int,
-                       dtype: torch.dtype, n: int) -> torch.Tensor:
+    def embed_into(self, parts: Sequence[Part], compose: int) -> None:
+        """Write each part's rows, cast to its ``out`` dtype, into ``out`` (N_i, C).
+
+        ``parts`` hold validated int64 host ids, their spans, and an output tensor (the
+        response bytes, see ``codec``) all of one dtype. On CUDA the whole batch is one
+        gather+add on the device. On CPU, fp32 outputs are gathered straight into the
+        response and the positions added in place; other dtypes go through a reused fp32
+        scratch (the add is always fp32) and one cast-copy. Many small parts share one
+        gather: below ``SHARED_GATHER_ROWS`` rows in all, one call beats a call per part,
+        and the scratch stays in cache until it is copied out. Rows are elementwise sums,
+        so every path gives the same bits.
+        """
+        if self.device.type != "cpu":
+            self._embed_device(parts, compose)
+            return
+        n = sum(int(ids.shape[0]) for ids, _, _ in parts)
+        if len(parts) > 1 and n <= SHARED_GATHER_ROWS:
+            ids = torch.cat([p[0] for p in parts])  # (N,)
+            x = self._scratch_rows(n)  # (N, C) fp32
+            self._sum(ids, [span for p in parts for span in p[1]], compose, x)
+            row = 0
+            for _, _, out in parts:
+                out.copy_(x[row: row + out.shape[0]])  # cast to the wire dtype
+                row += out.shape[0]
+            return
+        for ids, spans, out in parts:
+            if out.dtype == torch.float32:
+                self._sum(ids, spans, compose, out)  # written once, in the response
+            else:
+                x = self._scratch_rows(int(ids.shape[0]))  # (T, C) fp32
+                self._sum(ids, spans, compose, x)
+                out.copy_(x)  # the cast and the write into the response: one pass
+
+    def _embed_device(self, parts: Sequence[Part], compose: int) -> None:
+        ids = torch.cat([p[0] for p in parts])  # (N,)
+        positions = positions_of([span for p in parts for span in p[1]])  # (N,)
+        dtype = parts[0][2].dtype
         idx = torch.stack((ids, positions)).pin_memory()  # (2, N): one H2D copy
         idx = idx.to(self.device, non_blocking=True)
         if compose == COMPOSE_POSITION_ONLY:
@@ -142,7 +174,10 @@ class EmbeddingTables:
             x = self.token_table[idx[0]].float()  # (N, C)
             if compose == COMPOSE_TOKEN_PLUS_POSITION and self.position_table is not None:
                 x += self.position_table[idx[1]].float()  # (N, C) fp32 add
-        out = self._out(n, dtype)
-        out.copy_(x.to(dtype), non_blocking=True)  # one D2H copy into pinned memory
+        host = self._scratch_rows(int(ids.shape[0]), dtype)  # (N, C) pinned
+        host.copy_(x.to(dtype), non_blocking=True)  # one D2H copy into pinned memory
         torch.cuda.synchronize(self.device)  # the one sync per batch
-        return out
+        row = 0
+        for _, _, out in parts:
+            out.copy_(host[row: row + out.shape[0]])  # into the response bytes
+            row += out.shape[0]

@@ -8,9 +8,17 @@ import time
 import pytest
 import torch
 
-from service.batcher import Batcher, BatchStats, Job
+from client._gen.embedding.v1 import embedding_pb2 as pb
+from service import codec
+from service.batcher import Batcher, Job
 from service.errors import DeadlineExceeded, ResourceExhausted
-from service.tables import COMPOSE_TOKEN_PLUS_POSITION, EmbeddingTables, positions_of
+from service.tables import (
+    COMPOSE_TOKEN_ONLY,
+    COMPOSE_TOKEN_PLUS_POSITION,
+    SHARED_GATHER_ROWS,
+    EmbeddingTables,
+    positions_of,
+)
 from tests.tiny_model import tiny_tables
 
 
@@ -20,13 +28,23 @@ def tables() -> EmbeddingTables:
     return EmbeddingTables(token_table, position_table, torch.device("cpu"))
 
 
-def job(tables: EmbeddingTables, ids: list[int], seen: list[BatchStats],
-        deadline: float | None = None, dtype: torch.dtype = torch.float32) -> Job:
-    def encode(rows: torch.Tensor, stats: BatchStats) -> bytes:
-        seen.append(stats)
-        return rows.contiguous().numpy().tobytes()
-    return Job(tables, torch.tensor(ids), [(0, len(ids))], COMPOSE_TOKEN_PLUS_POSITION,
-               dtype, encode, deadline)
+def job(tables: EmbeddingTables, ids: list[int], seen: list[Job],
+        deadline: float | None = None, dtype: int = pb.DTYPE_FLOAT32) -> Job:
+    reply = codec.Reply(pb.EmbedResponse(), (len(ids), tables.dim), dtype)
+    j = Job(tables, torch.tensor(ids), [(0, len(ids))], COMPOSE_TOKEN_PLUS_POSITION, reply,
+            time.perf_counter_ns(), 0, deadline)
+    seen.append(j)
+    return j
+
+
+def rows_of(data: bytes) -> bytes:
+    """The tensor bytes of an encoded EmbedResponse."""
+    return pb.EmbedResponse.FromString(data).embeddings.data
+
+
+def computed(seen: list[Job]) -> list[Job]:
+    """The jobs that reached compute (a batch set their batch size)."""
+    return [j for j in seen if j.batch_requests]
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -34,31 +52,31 @@ def run(coro):  # type: ignore[no-untyped-def]
 
 
 def test_concurrent_jobs_share_one_batch_and_match_single(tables: EmbeddingTables) -> None:
-    async def main() -> tuple[list[bytes], list[BatchStats]]:
-        seen: list[BatchStats] = []
+    async def main() -> tuple[list[bytes], list[Job]]:
+        seen: list[Job] = []
         batcher = Batcher(max_batch_tokens=64, max_batch_delay_us=20_000, max_queue_tokens=64)
         batcher.start()
         out = await asyncio.gather(*(batcher.submit(job(tables, [i, i + 1], seen))
                                      for i in range(8)))
         await batcher.close()
-        return list(out), seen
+        return list(out), computed(seen)
 
     out, seen = run(main())
     assert [s.batch_requests for s in seen] == [8] * 8
     assert seen[0].batch_tokens == 16
     token_table, position_table = tiny_tables(0)
     for i, data in enumerate(out):
-        assert data == (token_table[[i, i + 1]] + position_table[:2]).numpy().tobytes()
+        assert rows_of(data) == (token_table[[i, i + 1]] + position_table[:2]).numpy().tobytes()
 
 
 def test_token_budget_splits_batches(tables: EmbeddingTables) -> None:
-    async def main() -> list[BatchStats]:
-        seen: list[BatchStats] = []
+    async def main() -> list[Job]:
+        seen: list[Job] = []
         batcher = Batcher(max_batch_tokens=4, max_batch_delay_us=20_000, max_queue_tokens=64)
         batcher.start()
         await asyncio.gather(*(batcher.submit(job(tables, [1, 2, 3], seen)) for _ in range(3)))
         await batcher.close()
-        return seen
+        return computed(seen)
 
     assert [s.batch_tokens for s in run(main())] == [3, 3, 3]
 
@@ -79,8 +97,8 @@ def test_queue_limit(tables: EmbeddingTables) -> None:
 
 def test_expired_and_cancelled_jobs_are_dropped_before_compute(
         tables: EmbeddingTables) -> None:
-    async def main() -> list[BatchStats]:
-        seen: list[BatchStats] = []
+    async def main() -> list[Job]:
+        seen: list[Job] = []
         batcher = Batcher(max_batch_tokens=64, max_batch_delay_us=100_000, max_queue_tokens=64)
         batcher.start()
         expired = asyncio.ensure_future(batcher.submit(
@@ -93,7 +111,7 @@ def test_expired_and_cancelled_jobs_are_dropped_before_compute(
             await expired
         await kept
         await batcher.close()
-        return seen
+        return computed(seen)
 
     seen = run(main())
     assert len(seen) == 1
@@ -111,23 +129,49 @@ def test_deadline_already_passed_is_refused_at_submit(tables: EmbeddingTables) -
     run(main())
 
 
+def embed(tables: EmbeddingTables, parts: list[tuple[list[int], list[tuple[int, int]]]],
+          dtype: torch.dtype, compose: int = COMPOSE_TOKEN_PLUS_POSITION) -> list[torch.Tensor]:
+    """Each part's rows from one ``embed_into`` call, in fresh output tensors."""
+    outs = [torch.full((len(ids), tables.dim), float("nan"), dtype=dtype) for ids, _ in parts]
+    tables.embed_into([(torch.tensor(ids), spans, out)
+                       for (ids, spans), out in zip(parts, outs)], compose)
+    return outs
+
+
 @pytest.mark.parametrize("spans", [
     [(0, 40), (10, 24)],  # long sequences: slice-adds of the position table
     [(3, 2)] * 32,  # many short ones: one gather of all positions
 ])
-def test_lookup_equals_reference_and_single_in_both_position_paths(
-        tables: EmbeddingTables, spans: list[tuple[int, int]]) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_embed_into_equals_reference_and_single_in_both_position_paths(
+        tables: EmbeddingTables, spans: list[tuple[int, int]], dtype: torch.dtype) -> None:
     token_table, position_table = tiny_tables(0)
     n = sum(t for _, t in spans)
-    ids = torch.arange(100, 100 + n)
+    ids = list(range(100, 100 + n))
     positions = positions_of(spans)
     second = spans[1][0] if spans[0][1] == 2 else spans[0][0] + 2
     assert positions[:3].tolist() == [spans[0][0], spans[0][0] + 1, second]
-    expected = token_table[ids] + position_table[positions]  # (N, C) fp32
-    # On CPU lookup returns the fp32 sum whatever the wire dtype: the codec casts.
-    batched = tables.lookup(ids, spans, COMPOSE_TOKEN_PLUS_POSITION, torch.bfloat16).clone()
-    assert batched.dtype == torch.float32
-    assert torch.equal(batched, expected)
+    # The sum is fp32, then cast once to the wire dtype.
+    expected = (token_table[ids] + position_table[positions]).to(dtype)  # (N, C)
+    (packed,) = embed(tables, [(ids, spans)], dtype)  # one part with many spans
+    assert torch.equal(packed, expected)
     start, T = spans[-1]
-    alone = tables.lookup(ids[n - T:], [(start, T)], COMPOSE_TOKEN_PLUS_POSITION, torch.float32)
-    assert torch.equal(alone, batched[n - T:])
+    (alone,) = embed(tables, [(ids[n - T:], [(start, T)])], dtype)
+    assert torch.equal(alone, packed[n - T:])
+
+
+@pytest.mark.parametrize("T", [3, SHARED_GATHER_ROWS // 2 + 1])  # one shared gather, or not
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("compose", [COMPOSE_TOKEN_PLUS_POSITION, COMPOSE_TOKEN_ONLY])
+def test_parts_of_a_batch_equal_each_part_alone(T: int, dtype: torch.dtype,
+                                                compose: int) -> None:
+    tables = EmbeddingTables(*tiny_tables(1, max_seq_len=SHARED_GATHER_ROWS),
+                             torch.device("cpu"))
+    g = torch.Generator().manual_seed(T)
+    rows = tables.token_table.shape[0]
+    parts = [(torch.randint(0, rows, (T,), generator=g).tolist(), [(start, T)])
+             for start in (0, 5)]
+    together = embed(tables, parts, dtype, compose)
+    for part, out in zip(parts, together):
+        (alone,) = embed(tables, [part], dtype, compose)
+        assert torch.equal(out, alone)

@@ -1,4 +1,4 @@
-"""The spliced response encoding parses as the ordinary protobuf message, byte for byte."""
+"""Responses laid out by the codec parse as the ordinary protobuf message."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ from client._gen.embedding.v1 import embedding_pb2 as pb
 from service import codec
 
 
+def fill(reply: codec.Reply, rows: torch.Tensor, timing: tuple[int, int, int, int]) -> bytes:
+    writer = reply.allocate()
+    writer.rows.copy_(rows)
+    return writer.finish(*timing)
+
+
 @pytest.mark.parametrize("dtype", [pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT16, pb.DTYPE_BFLOAT16])
 @pytest.mark.parametrize("T", [1, 3, 300])  # 300 x 7 x 4 B: a multi-byte length varint
-def test_spliced_response_equals_generic_serialisation(dtype: int, T: int) -> None:
+def test_reply_equals_generic_serialisation(dtype: int, T: int) -> None:
     rows = torch.randn(T, 7, generator=torch.Generator().manual_seed(T))  # fp32 sum
-    fields = pb.EmbedResponse(token_ids=list(range(T)), model="m", version=3, request_id="r",
-                              timing=pb.Timing(total_ns=123456789))
+    fields = pb.EmbedResponse(token_ids=list(range(T)), model="m", version=3, request_id="r")
+    timing = (5, 0, 2**40 + 3, 2**64 - 1)  # every size of varint, up to the largest
     wire = rows.to(codec.DTYPES[dtype])  # what the client must see: the cast of the sum
     data = wire.view(torch.int16 if wire.dtype != torch.float32 else torch.float32)
     generic = pb.EmbedResponse()
@@ -22,16 +28,33 @@ def test_spliced_response_equals_generic_serialisation(dtype: int, T: int) -> No
     generic.embeddings.shape.extend([T, 7])
     generic.embeddings.dtype = dtype  # type: ignore[assignment]
     generic.embeddings.data = data.numpy().tobytes()
-    spliced = codec.encode_embed_response(rows, dtype, fields)
-    assert pb.EmbedResponse.FromString(spliced) == generic
-    assert len(spliced) == len(generic.SerializeToString())
+    generic.timing.queue_ns, generic.timing.tokenize_ns = timing[0], timing[1]
+    generic.timing.compute_ns, generic.timing.total_ns = timing[2], timing[3]
+    encoded = fill(codec.Reply(fields, (T, 7), dtype), wire, timing)
+    assert pb.EmbedResponse.FromString(encoded) == generic
+    # Every timing varint is padded to 10 bytes (tokenize_ns=0 is written too).
+    canonical_timing = len(generic.timing.SerializeToString()) + 2
+    assert len(encoded) == (len(generic.SerializeToString()) - canonical_timing
+                            + codec.TIMING_BYTES)
 
 
-def test_batch_response_round_trip() -> None:
+def test_padded_varint_values() -> None:
+    assert codec.padded_varint(0) == b"\x80" * 9 + b"\x00"
+    assert codec.padded_varint(300) == b"\xac\x82" + b"\x80" * 7 + b"\x00"
+    assert codec.padded_varint(2**64 - 1) == b"\xff" * 9 + b"\x01"
+
+
+def test_batch_reply_round_trip() -> None:
     rows = torch.arange(12, dtype=torch.float32).view(4, 3)
     fields = pb.EmbedBatchResponse(offsets=[0, 1, 4], model="m")
     parsed = pb.EmbedBatchResponse.FromString(
-        codec.encode_batch_response(rows, pb.DTYPE_FLOAT32, fields))
+        fill(codec.Reply(fields, (4, 3), pb.DTYPE_FLOAT32), rows, (1, 2, 3, 4)))
     assert list(parsed.offsets) == [0, 1, 4]
     assert list(parsed.embeddings.shape) == [4, 3]
     assert parsed.embeddings.data == rows.numpy().tobytes()
+    assert (parsed.timing.queue_ns, parsed.timing.total_ns) == (1, 4)
+
+
+def test_reply_refuses_fields_it_writes_itself() -> None:
+    with pytest.raises(ValueError, match="embeddings and timing unset"):
+        codec.Reply(pb.EmbedResponse(timing=pb.Timing(total_ns=1)), (1, 3), pb.DTYPE_FLOAT32)
