@@ -82,7 +82,7 @@ class EmbeddingService:
     async def _call(self, rpc: str, model: str, request_id: str,
                     context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[Any]]) -> Any:
         t0 = time.perf_counter()
-        self.metrics.inflight.inc()
+        self.metrics.inflight += 1
         code = grpc.StatusCode.OK
         try:
             self._admit(context)
@@ -96,7 +96,7 @@ class EmbeddingService:
                 log.exception("internal error in %s request_id=%s", rpc, request_id)
             await context.abort(code, message)
         finally:
-            self.metrics.inflight.dec()
+            self.metrics.inflight -= 1
             # A model name from the request becomes a label only if it is loaded: clients
             # must not be able to mint unbounded metric series.
             label = model or self.repo.default_model

@@ -103,7 +103,7 @@ class Batcher:
                 and job.tokens <= INLINE_TOKENS):
             # Idle and nothing to wait for: this job is the whole batch. Computing it here
             # skips two hops through the event loop (wake the batcher, wake us back).
-            (result,) = self._compute_batch([job])
+            (result,) = self._record(*self._compute_batch([job]))
             if isinstance(result, BaseException):
                 raise result
             return result
@@ -149,14 +149,15 @@ class Batcher:
                 continue
             try:
                 if sum(job.tokens for job in batch) <= INLINE_TOKENS:
-                    results = self._compute_batch(batch)  # cheaper than two thread wake-ups
+                    done = self._compute_batch(batch)  # cheaper than two thread wake-ups
                 else:
                     self._busy = True
                     try:
-                        results = await loop.run_in_executor(self._compute,
-                                                             self._compute_batch, batch)
+                        done = await loop.run_in_executor(self._compute,
+                                                          self._compute_batch, batch)
                     finally:
                         self._busy = False
+                results = self._record(*done)
             except Exception as e:  # a bug, not bad input: fail this batch, keep serving
                 for job in batch:
                     if not job.future.done():
@@ -170,13 +171,24 @@ class Batcher:
                 else:
                     job.future.set_result(result)
 
-    def _compute_batch(self, batch: list[Job]) -> list[bytes | BaseException]:
+    def _record(self, results: list[bytes | BaseException], batch: list[Job], seconds: float
+                ) -> list[bytes | BaseException]:
+        # Metrics are recorded here, on the event loop, never on the compute thread.
+        if self._on_batch is not None:
+            self._on_batch(batch[0].batch_tokens, len(batch), seconds,
+                           batch[0].tables.device.type)
+        return results
+
+    def _compute_batch(self, batch: list[Job]
+                       ) -> tuple[list[bytes | BaseException], list[Job], float]:
         start_ns = time.perf_counter_ns()
         groups: dict[tuple[int, int, torch.dtype], list[int]] = {}
         for i, job in enumerate(batch):
             groups.setdefault((id(job.tables), job.compose, job.reply.dtype), []).append(i)
         results: list[bytes | BaseException] = [b""] * len(batch)
         total = sum(job.tokens for job in batch)
+        for job in batch:
+            job.batch_tokens, job.batch_requests = total, len(batch)
         for members in groups.values():
             jobs = [batch[i] for i in members]
             try:
@@ -188,13 +200,9 @@ class Batcher:
                 compute_ns = time.perf_counter_ns() - t0
                 for i, job, writer in zip(members, jobs, writers):
                     job.queue_ns = start_ns - job.enqueued_ns
-                    job.batch_tokens, job.batch_requests = total, len(batch)
                     results[i] = writer.finish(job.queue_ns, job.tokenize_ns, compute_ns,
                                                time.perf_counter_ns() - job.start_ns)
             except Exception as e:  # one failed group must not fail its batch-mates
                 for i in members:
                     results[i] = e
-        if self._on_batch is not None:
-            seconds = (time.perf_counter_ns() - start_ns) / 1e9
-            self._on_batch(total, len(batch), seconds, batch[0].tables.device.type)
-        return results
+        return results, batch, (time.perf_counter_ns() - start_ns) / 1e9

@@ -2,18 +2,29 @@
 
 A registry per instance (not the global default) lets tests run several servers in one
 process without their counters bleeding into each other.
+
+The per-request series are plain Python numbers behind a collector: prometheus_client's
+``inc``/``observe`` take a lock and validate on every call (1-2 µs each hot, several
+times that with the caches cold between requests, and a request made ten of them). They
+are updated only on the event-loop thread, so no lock is needed; a scrape (another
+thread) reads them as they are, which at worst splits one request across two scrapes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-__all__ = ["LATENCY_BUCKETS", "Labelled", "Metrics"]
-
-M = TypeVar("M", bound=MetricWrapperBase)
+__all__ = ["LATENCY_BUCKETS", "LoopCounter", "LoopHistogram", "Metrics"]
 
 # Seconds, from 10 µs (a cached small lookup) to 10 s (a queue backed up under overload).
 LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
@@ -22,24 +33,111 @@ _TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 _REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-class Labelled(Generic[M]):
-    """A labelled metric whose children are looked up once per label tuple.
+class _CounterChild:
+    __slots__ = ("value",)
 
-    ``Metric.labels()`` validates and locks on every call (~5 µs); on the request path that
-    was a measurable share of a small request. Label values here are bounded (rpc names,
-    loaded models, status codes), so the cache is too.
-    """
+    def __init__(self) -> None:
+        self.value = 0.0
 
-    def __init__(self, metric: M) -> None:
-        self.metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
+    def inc(self, amount: float = 1.0) -> None:
+        """Add ``amount`` (event-loop thread only)."""
+        self.value += amount
 
-    def labels(self, *values: str) -> Any:
-        """The child for these label values (created on first use)."""
+
+class _HistogramChild:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count ``value`` in its bucket (event-loop thread only)."""
+        self.counts[bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        self.sum += value
+
+
+class _LoopMetric(Collector):
+    """Children per label tuple; unlabelled metrics export zeros from the start."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
+                 registry: CollectorRegistry) -> None:
+        self.name, self.documentation = name, documentation
+        self.labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], object] = {}
+        if not self.labelnames:
+            self._children[()] = self._new_child()
+        registry.register(self)
+
+    def _new_child(self) -> object:
+        raise NotImplementedError
+
+    def _labels(self, values: tuple[str, ...]) -> object:
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = self.metric.labels(*values)
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+            child = self._children[values] = self._new_child()
         return child
+
+    def _snapshot(self) -> list[tuple[tuple[str, ...], object]]:
+        return list(self._children.items())  # the dict may grow while a scrape reads it
+
+
+class LoopCounter(_LoopMetric):
+    """A counter updated from the event loop; exported as ``<name>_total``."""
+
+    def _new_child(self) -> _CounterChild:
+        return _CounterChild()
+
+    def labels(self, *values: str) -> _CounterChild:
+        """The child for these label values (created on first use)."""
+        return self._labels(values)  # type: ignore[return-value]
+
+    def inc(self, amount: float = 1.0) -> None:
+        """Add to the unlabelled counter."""
+        self.labels().inc(amount)
+
+    def collect(self) -> Iterator[Metric]:
+        """One counter family (the registry's scrape)."""
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in self._snapshot():
+            family.add_metric(values, child.value)  # type: ignore[attr-defined]
+        yield family
+
+
+class LoopHistogram(_LoopMetric):
+    """A histogram updated from the event loop, with fixed upper bounds."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
+                 buckets: Sequence[float], registry: CollectorRegistry) -> None:
+        self.bounds = tuple(float(b) for b in buckets)
+        self._le = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        super().__init__(name, documentation, labelnames, registry)
+
+    def _new_child(self) -> _HistogramChild:
+        return _HistogramChild(self.bounds)
+
+    def labels(self, *values: str) -> _HistogramChild:
+        """The child for these label values (created on first use)."""
+        return self._labels(values)  # type: ignore[return-value]
+
+    def observe(self, value: float) -> None:
+        """Observe into the unlabelled histogram."""
+        self.labels().observe(value)
+
+    def collect(self) -> Iterator[Metric]:
+        """One histogram family with cumulative buckets (the registry's scrape)."""
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in self._snapshot():
+            counts = list(child.counts)  # type: ignore[attr-defined]
+            cumulative, buckets = 0, []
+            for le, n in zip(self._le, counts):
+                cumulative += n
+                buckets.append((le, float(cumulative)))
+            family.add_metric(values, buckets, child.sum)  # type: ignore[attr-defined]
+        yield family
 
 
 class Metrics:
@@ -47,36 +145,36 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Labelled(Counter(
-            "embed_requests", "RPCs finished, by status code.", ["rpc", "model", "code"],
-            registry=r))
-        self.request_duration = Labelled(Histogram(
+        self.requests = LoopCounter(
+            "embed_requests", "RPCs finished, by status code.", ["rpc", "model", "code"], r)
+        self.request_duration = LoopHistogram(
             "embed_request_duration_seconds", "RPC wall time in the server.",
-            ["rpc", "model"], buckets=LATENCY_BUCKETS, registry=r))
-        self.queue_duration = Histogram("embed_queue_duration_seconds",
-                                        "Time a request waited for its batch.",
-                                        buckets=LATENCY_BUCKETS, registry=r)
-        self.tokenize_duration = Histogram("embed_tokenize_duration_seconds",
-                                           "Time to tokenize one text.",
-                                           buckets=LATENCY_BUCKETS, registry=r)
-        self.compute_duration = Labelled(Histogram(
+            ["rpc", "model"], LATENCY_BUCKETS, r)
+        self.queue_duration = LoopHistogram("embed_queue_duration_seconds",
+                                            "Time a request waited for its batch.", [],
+                                            LATENCY_BUCKETS, r)
+        self.tokenize_duration = LoopHistogram("embed_tokenize_duration_seconds",
+                                               "Time to tokenize one text.", [],
+                                               LATENCY_BUCKETS, r)
+        self.compute_duration = LoopHistogram(
             "embed_compute_duration_seconds", "Gather+add+encode time of one batch.",
-            ["device"], buckets=LATENCY_BUCKETS, registry=r))
-        self.batch_tokens = Histogram("embed_batch_tokens", "Tokens per batch.",
-                                      buckets=_TOKEN_BUCKETS, registry=r)
-        self.batch_requests = Histogram("embed_batch_requests", "Requests per batch.",
-                                        buckets=_REQUEST_BUCKETS, registry=r)
-        self.tokens = Labelled(Counter(
-            "embed_tokens", "Token rows returned.", ["model"], registry=r))
-        self.output_bytes = Labelled(Counter(
-            "embed_output_bytes", "Tensor bytes returned.", ["model", "dtype"], registry=r))
-        self.inflight = Gauge("embed_inflight_requests", "RPCs being handled now.",
-                              registry=r)
+            ["device"], LATENCY_BUCKETS, r)
+        self.batch_tokens = LoopHistogram("embed_batch_tokens", "Tokens per batch.", [],
+                                          _TOKEN_BUCKETS, r)
+        self.batch_requests = LoopHistogram("embed_batch_requests", "Requests per batch.", [],
+                                            _REQUEST_BUCKETS, r)
+        self.tokens = LoopCounter("embed_tokens", "Token rows returned.", ["model"], r)
+        self.output_bytes = LoopCounter(
+            "embed_output_bytes", "Tensor bytes returned.", ["model", "dtype"], r)
+        self.inflight = 0  # RPCs being handled now (event-loop thread only)
+        Gauge("embed_inflight_requests", "RPCs being handled now.",
+              registry=r).set_function(lambda: self.inflight)
         self.queue_tokens = Gauge("embed_queue_tokens", "Tokens waiting for compute.",
                                   registry=r)
-        self.untrained_lookups = Labelled(Counter(
-            "embed_untrained_token_lookups", "Looked-up token rows never updated in training.",
-            ["model"], registry=r))
+        self.untrained_lookups = LoopCounter(
+            "embed_untrained_token_lookups",
+            "Looked-up token rows never updated in training.", ["model"], r)
+        # Rare events, updated from the repository's thread: prometheus_client's locks.
         self.model_info = Gauge("embed_model_info", "Loaded model versions (value 1).",
                                 ["model", "version", "checkpoint_id", "dim", "vocab_size",
                                  "max_seq_len", "position", "device"], registry=r)
@@ -84,7 +182,7 @@ class Metrics:
                                    ["model", "result"], registry=r)
 
     def observe_batch(self, tokens: int, requests: int, seconds: float, device: str) -> None:
-        """Record one batch (called from the compute thread; prometheus_client is locked)."""
+        """Record one batch (event-loop thread)."""
         self.batch_tokens.observe(tokens)
         self.batch_requests.observe(requests)
         self.compute_duration.labels(device).observe(seconds)
