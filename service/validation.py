@@ -19,6 +19,7 @@ __all__ = ["Fitted", "Limits", "check_compose", "check_enum", "check_ids", "chec
            "check_text", "fit_length"]
 
 _RESPONSE_OVERHEAD = 1024  # bytes: identity fields, timing, framing
+_SMALL_IDS = 64  # up to this many ids, Python's min/max beat numpy's
 _PER_TOKEN_OVERHEAD = 16  # bytes: the echoed token id and an untrained index, worst case
 
 
@@ -62,7 +63,12 @@ def check_text(text: str, limits: Limits, field: str) -> None:
 def check_ids(ids: np.ndarray, model: LoadedModel, field: str) -> None:
     """Every id must index a real vocabulary row (padding rows are never served)."""
     vocab_size = model.checkpoint.manifest.vocab_size
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):  # two reductions, no mask
+    if ids.size <= _SMALL_IDS:  # a numpy reduction costs ~5 µs of call overhead
+        values = ids.tolist()
+        bad = bool(values) and (min(values) < 0 or max(values) >= vocab_size)
+    else:
+        bad = bool(ids.min() < 0 or ids.max() >= vocab_size)  # two reductions, no mask
+    if bad:
         i = int(((ids < 0) | (ids >= vocab_size)).argmax())
         raise InvalidArgument(f"{field}[{i}]={int(ids[i])} is out of range [0, {vocab_size}) "
                               f"for model {model.name!r}")

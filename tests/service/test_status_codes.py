@@ -49,6 +49,9 @@ def stub(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
      "input.token_ids.ids[1]=-1 is out of range [0, 50257) for model 'tiny'"),
     (pb.EmbedRequest(token_ids=ids(50257)),
      "input.token_ids.ids[0]=50257 is out of range [0, 50257) for model 'tiny'"),
+    # Above 64 ids the range check takes numpy's path (below, Python's min/max).
+    (pb.EmbedRequest(token_ids=ids(*[1] * 70, 50300)),
+     "input.token_ids.ids[70]=50300 is out of range [0, 50257) for model 'tiny'"),
     (pb.EmbedRequest(token_ids=ids(*[1] * 65)),
      "start_position (0) + T (65) = 65 exceeds max_seq_len 64 of model 'tiny' "
      "(or set truncate)"),
