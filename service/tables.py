@@ -165,10 +165,18 @@ class EmbeddingTables:
                 out.copy_(x)  # the cast and the write into the response: one pass
 
     def _embed_device(self, parts: Sequence[Part], compose: int) -> None:
+        """The whole batch as one gather+add on the tables' device, then one copy back.
+
+        Written for CUDA (pinned buffers, one synchronisation) but device-agnostic, so the
+        tests run this exact path on CPU tables as well.
+        """
+        cuda = self.device.type == "cuda"
         ids = torch.cat([p[0] for p in parts])  # (N,)
         positions = positions_of([span for p in parts for span in p[1]])  # (N,)
         dtype = parts[0][2].dtype
-        idx = torch.stack((ids, positions)).pin_memory()  # (2, N): one H2D copy
+        idx = torch.stack((ids, positions))  # (2, N): one H2D copy
+        if cuda:
+            idx = idx.pin_memory()
         idx = idx.to(self.device, non_blocking=True)
         if compose == COMPOSE_POSITION_ONLY:
             assert self.position_table is not None
@@ -177,9 +185,10 @@ class EmbeddingTables:
             x = self.token_table[idx[0]].float()  # (N, C)
             if compose == COMPOSE_TOKEN_PLUS_POSITION and self.position_table is not None:
                 x += self.position_table[idx[1]].float()  # (N, C) fp32 add
-        host = self._scratch_rows(int(ids.shape[0]), dtype)  # (N, C) pinned
+        host = self._scratch_rows(int(ids.shape[0]), dtype)  # (N, C), pinned on CUDA
         host.copy_(x.to(dtype), non_blocking=True)  # one D2H copy into pinned memory
-        torch.cuda.synchronize(self.device)  # the one sync per batch
+        if cuda:
+            torch.cuda.synchronize(self.device)  # the one sync per batch
         row = 0
         for _, _, out in parts:
             out.copy_(host[row: row + out.shape[0]])  # into the response bytes

@@ -13,6 +13,7 @@ from service import codec
 from service.batcher import Batcher, Job
 from service.errors import DeadlineExceeded, ResourceExhausted
 from service.tables import (
+    COMPOSE_POSITION_ONLY,
     COMPOSE_TOKEN_ONLY,
     COMPOSE_TOKEN_PLUS_POSITION,
     SHARED_GATHER_ROWS,
@@ -175,3 +176,19 @@ def test_parts_of_a_batch_equal_each_part_alone(T: int, dtype: torch.dtype,
     for part, out in zip(parts, together):
         (alone,) = embed(tables, [part], dtype, compose)
         assert torch.equal(out, alone)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("compose", [COMPOSE_TOKEN_PLUS_POSITION, COMPOSE_TOKEN_ONLY,
+                                     COMPOSE_POSITION_ONLY])
+def test_device_batch_path_equals_cpu_path(tables: EmbeddingTables, dtype: torch.dtype,
+                                           compose: int) -> None:
+    # The CUDA path (one gather+add for the whole batch, one copy back, then a copy into
+    # each response) is device-agnostic: run it on these CPU tables against the CPU path.
+    parts = [([5, 6, 7], [(0, 3)]), (list(range(200, 240)), [(2, 30), (0, 10)]), ([9], [(63, 1)])]
+    want = embed(tables, parts, dtype, compose)
+    outs = [torch.full((len(ids), tables.dim), float("nan"), dtype=dtype) for ids, _ in parts]
+    tables._embed_device([(torch.tensor(ids), spans, out)
+                          for (ids, spans), out in zip(parts, outs)], compose)
+    for got, expected in zip(outs, want):
+        assert torch.equal(got, expected)
