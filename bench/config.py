@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-__all__ = ["BACKENDS", "DTYPE_BYTES", "MODES", "BenchConfig", "Cell", "parse_args"]
+__all__ = ["BACKENDS", "DTYPE_BYTES", "IDS", "MODES", "BenchConfig", "Cell", "parse_args"]
 
 # The three servers every cell is run against, in the order they are interleaved.
 BACKENDS = ("ceiling", "naive", "service")
 MODES = ("unary", "stream")
+IDS = ("uniform", "text")
 # Bytes per element on the wire; the naive baseline always sends `repeated float` (4 bytes).
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -55,6 +56,10 @@ class BenchConfig:
     backends: tuple[str, ...] = BACKENDS
     quick: bool = False
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
+    # Request ids: "uniform" over the vocabulary (every row equally likely: the table is
+    # read from DRAM, the worst case and the default) or "text" (windows of GPT-2 tokens of
+    # the default corpus: frequent rows stay in cache, as with real traffic).
+    ids: str = "uniform"
 
     def __post_init__(self) -> None:
         if self.reps < 1:
@@ -68,6 +73,8 @@ class BenchConfig:
             raise ValueError(f"modes must be among {MODES}")
         if not self.backends or not set(self.backends) <= set(BACKENDS):
             raise ValueError(f"backends must be among {BACKENDS}")
+        if self.ids not in IDS:
+            raise ValueError(f"ids must be one of {IDS}")
 
     def cells(self) -> list[Cell]:
         """Every cell of one repetition, grouped so the three backends of a point run together."""
@@ -112,6 +119,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     p.add_argument("--model-cache", type=Path,
                    help="where the benchmark checkpoint is kept (default OUT/.model)")
     p.add_argument("--device", help="service --device (default cpu)")
+    p.add_argument("--ids", choices=IDS,
+                   help="request ids: uniform over the vocabulary (default) or text windows")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra flag passed to the service, e.g. --server-arg=--workers=2")
     ns = p.parse_args(argv)
@@ -123,7 +132,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         "ts": ns.ts, "dtypes": ns.dtypes, "concurrencies": ns.concurrency, "modes": ns.modes,
         "backends": ns.backends,
         "dim": ns.dim, "reps": ns.reps, "duration_s": ns.duration, "warmup_s": ns.warmup,
-        "out": ns.out, "device": ns.device,
+        "out": ns.out, "device": ns.device, "ids": ns.ids,
         "max_seq_len": max(cfg.max_seq_len, *ns.ts) if ns.ts else None,
     }
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]

@@ -152,15 +152,17 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"{m['p99_ms']:>8.3f} {_fmt(comp.get('service_over_ceiling'), '>8.2f')} "
             f"{_fmt(comp.get('service_over_naive'), '>9.1f')}")
     meta = report["meta"]
-    lines += ["", f"targets (medians of {meta.get('reps', '?')} interleaved repetitions):"]
+    lines += ["", f"targets (medians of {meta.get('reps', '?')} interleaved repetitions; "
+                  f"{meta.get('ids', 'uniform')} ids):"]
     for t in report["targets"]:
         verdict = "MET    " if t["met"] else "NOT MET"
         lines.append(f"  [{verdict}] {t['name']} = {t['value']:.2f} (target {t['op']} "
                      f"{t['bound']:g})")
     if meta.get("quick"):
         lines.append("  (--quick: tiny sizes; these verdicts say nothing about the targets)")
-    load, cpus = max(meta.get("loadavg_before", 0), meta.get("loadavg_after", 0)), meta.get("cpus")
-    if cpus and load > cpus:
-        lines.append(f"  warning: load average {load:.1f} on {cpus} CPUs: other work on this "
-                     "machine skewed these figures")
+    # The run itself loads every core; only load already there before it is other work.
+    load, cpus = meta.get("loadavg_before", 0), meta.get("cpus")
+    if cpus and load > 0.5 * cpus:
+        lines.append(f"  warning: load average {load:.1f} on {cpus} CPUs before the run: other "
+                     "work on this machine skewed these figures")
     return "\n".join(lines)

@@ -33,11 +33,17 @@ __all__ = ["main", "run_bench"]
 _REQUESTS_PER_CELL = 8
 
 
-def _requests(cell: Cell, rng: random.Random) -> list[pb.EmbedRequest]:
-    return [pb.EmbedRequest(
-        model=MODEL_NAME, dtype=DTYPE_ENUM[cell.dtype],
-        token_ids=pb.TokenIds(ids=[rng.randrange(VOCAB_SIZE) for _ in range(cell.T)]))
-        for _ in range(_REQUESTS_PER_CELL)]
+def _requests(cell: Cell, rng: random.Random, corpus: Sequence[int] | None
+              ) -> list[pb.EmbedRequest]:
+    def ids() -> list[int]:
+        if corpus is None:
+            return [rng.randrange(VOCAB_SIZE) for _ in range(cell.T)]
+        start = rng.randrange(len(corpus) - cell.T)
+        return list(corpus[start: start + cell.T])
+
+    return [pb.EmbedRequest(model=MODEL_NAME, dtype=DTYPE_ENUM[cell.dtype],
+                            token_ids=pb.TokenIds(ids=ids()))
+            for _ in range(_REQUESTS_PER_CELL)]
 
 
 def _commit() -> str:
@@ -56,7 +62,7 @@ def _meta(cfg: BenchConfig, started: float, load_before: float) -> dict[str, Any
     return {"commit": _commit(),"started": datetime.fromtimestamp(started, UTC).isoformat(),
             "seconds": round(time.time() - started, 1), "host": platform.node(),
             "cpus": os.cpu_count(), "python": sys.version.split()[0],
-            "device": cfg.device, "C": cfg.dim, "reps": cfg.reps,
+            "device": cfg.device, "C": cfg.dim, "reps": cfg.reps, "ids": cfg.ids,
             "duration_s": cfg.duration_s, "warmup_s": cfg.warmup_s, "quick": cfg.quick,
             "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
             # Other work on the machine skews every figure; the 1-minute load says how much.
@@ -70,7 +76,12 @@ def run_bench(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
     repo = ensure_model(cfg.model_cache, cfg.dim, cfg.max_seq_len)
     cells = cfg.cells()
     rng = random.Random(0)
-    requests = {cell: _requests(cell, rng) for cell in cells}
+    corpus = None
+    if cfg.ids == "text":
+        from training.data import default_corpus_ids  # tokenizer: only when asked for
+
+        corpus = default_corpus_ids()
+    requests = {cell: _requests(cell, rng, corpus) for cell in cells}
     results: dict[Cell, list[Measurement]] = {cell: [] for cell in cells}
     servers = start_servers(cfg, repo, cfg.out / "logs")
     log(f"bench: {len(cells)} cells x {cfg.reps} reps, ~{cfg.duration_s + cfg.warmup_s:.1f}s "

@@ -42,12 +42,12 @@ import torch
 from torch import nn
 
 from bench.servers import GLIBC_TUNABLES
-from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from training.config import TrainConfig
+from training.data import default_corpus_ids
 from training.model import GPT, ModelConfig
 from training.optim import build_optimizers, clip_grad_norm
 
-__all__ = ["Batch", "Timing", "batches", "corpus_ids", "flops_per_token", "main",
+__all__ = ["Batch", "Timing", "batches", "flops_per_token", "main",
            "matmul_params", "peak_matmul_flops", "table_step_seconds", "train_step_seconds"]
 
 VOCAB_SIZE = 50257  # GPT-2's n_vocab
@@ -56,15 +56,6 @@ MODEL = TRAIN.model_config(VOCAB_SIZE)  # 50304 table rows, untied head
 BATCH_SIZE = TRAIN.batch_size
 TABLE_ROWS = VOCAB_SIZE  # the sparse/dense comparison uses GPT-2's unpadded vocabulary
 TABLE_DIMS = (128, 768)  # our small C, and GPT-2 small's
-
-
-def corpus_ids() -> torch.Tensor:
-    """The default corpus as GPT-2 token ids, (N,) int64 (local ranks file, no network)."""
-    from pydoc_data.topics import topics
-
-    tokenizer = load_tokenizer(gpt2_spec(), default_ranks_path())
-    text = "\n\n".join(topics[k] for k in sorted(topics))
-    return torch.tensor(tokenizer.encode(text), dtype=torch.int64)
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs (B, T), targets (B, T)
@@ -254,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     load_start = os.getloadavg()
     device = torch.device(args.device)
-    ids = corpus_ids()
+    ids = torch.tensor(default_corpus_ids(), dtype=torch.int64)  # (N,)
     data = [(x.to(device), y.to(device)) for x, y in batches(ids, 4, BATCH_SIZE, MODEL.block_size)]
     peak = peak_matmul_flops(device)
     where = (torch.cuda.get_device_name(device) if device.type == "cuda"

@@ -35,8 +35,8 @@ from tqdm import tqdm
 
 from service.tokenizer import ENDOFTEXT, Tokenizer
 
-__all__ = ["DEFAULT_CORPUS", "TokenData", "default_corpus_text", "iter_blocks",
-           "load_tokens", "resolve_sources", "token_dtype"]
+__all__ = ["DEFAULT_CORPUS", "TokenData", "default_corpus_ids", "default_corpus_text",
+           "iter_blocks", "load_tokens", "resolve_sources", "token_dtype"]
 
 DEFAULT_CORPUS = "pydoc_data.topics"
 _BLOCK_CHARS = 1 << 18  # a block's token list is a few MB of Python ints while in flight
@@ -65,6 +65,13 @@ def default_corpus_text() -> str:
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics.values())
+
+
+def default_corpus_ids() -> list[int]:
+    """The default corpus as GPT-2 token ids (the local ranks file; no network)."""
+    from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+
+    return load_tokenizer(gpt2_spec(), default_ranks_path()).encode(default_corpus_text())
 
 
 def resolve_sources(patterns: Sequence[str]) -> list[Path]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
@@ -9,11 +10,12 @@ import pytest
 import torch
 
 from bench.ceiling_server import CeilingPayloads
-from bench.config import BenchConfig, Cell
+from bench.config import BenchConfig, Cell, parse_args
 from bench.loadgen import Measurement, protocol_for
 from bench.naive_proto import NaiveResponse
 from bench.naive_server import NaiveEmbedder
 from bench.report import build_report, format_report, summarize
+from bench.run import _requests
 from client._gen.embedding.v1 import embedding_pb2 as pb
 
 
@@ -102,3 +104,19 @@ def test_ratios_are_per_repetition_medians_and_targets_judge_them() -> None:
     text = format_report(report)
     assert "[NOT MET] T=1024 fp32 c=16 unary: service/naive throughput = 7.00" in text
     assert text.count("[MET    ]") == 5
+
+
+def test_text_ids_are_windows_of_the_corpus_and_uniform_ids_span_the_vocabulary() -> None:
+    corpus = list(range(1000, 1100))  # stands in for the tokenized corpus
+    cell = Cell("service", "unary", 16, "bfloat16", 1)
+    text = _requests(cell, random.Random(0), corpus)
+    assert len(text) == 8
+    for request in text:
+        ids = list(request.token_ids.ids)
+        assert ids == corpus[ids[0] - 1000: ids[0] - 1000 + 16]  # consecutive: a window
+        assert request.dtype == pb.DTYPE_BFLOAT16
+        assert request.model == "bench"
+    uniform = _requests(cell, random.Random(0), None)
+    assert all(0 <= i < 50257 for r in uniform for i in r.token_ids.ids)
+    assert parse_args(["--ids", "text"]).ids == "text"
+    assert parse_args([]).ids == "uniform"
