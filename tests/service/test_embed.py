@@ -203,6 +203,23 @@ def test_stream_preserves_request_order(stub: pb_grpc.EmbeddingServiceStub) -> N
         assert torch.equal(rows(r.embeddings), token_table[[i] * T] + position_table[:T])
 
 
+def test_a_bad_stream_request_ends_the_stream_after_the_answers_before_it(
+        stub: pb_grpc.EmbeddingServiceStub) -> None:
+    good = [pb.EmbedRequest(token_ids=pb.TokenIds(ids=[i, i + 1]), request_id=f"r{i}")
+            for i in range(3)]
+    bad = pb.EmbedRequest(token_ids=pb.TokenIds(ids=[7, 50257]), request_id="bad")
+    after = pb.EmbedRequest(token_ids=pb.TokenIds(ids=[1]), request_id="after")
+    answered = []
+    with pytest.raises(grpc.RpcError) as info:
+        for response in stub.EmbedStream(iter([*good, bad, after])):
+            answered.append(response.request_id)
+    assert answered == ["r0", "r1", "r2"]
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == ("input.token_ids.ids[1]=50257 is out of range [0, 50257) "
+                                    "for model 'tiny'")
+    assert stub.Embed(after).request_id == "after"  # the server keeps serving
+
+
 def test_tokenize_detokenize_and_model_rpcs(stub: pb_grpc.EmbeddingServiceStub) -> None:
     t = stub.Tokenize(pb.TokenizeRequest(text="hello world"))
     assert list(t.token_ids) == [31373, 995]
