@@ -209,10 +209,14 @@ def test_a_bad_stream_request_ends_the_stream_after_the_answers_before_it(
             for i in range(3)]
     bad = pb.EmbedRequest(token_ids=pb.TokenIds(ids=[7, 50257]), request_id="bad")
     after = pb.EmbedRequest(token_ids=pb.TokenIds(ids=[1]), request_id="after")
-    answered = []
-    with pytest.raises(grpc.RpcError) as info:
+    answered: list[str] = []
+
+    def read_all() -> None:
         for response in stub.EmbedStream(iter([*good, bad, after])):
             answered.append(response.request_id)
+
+    with pytest.raises(grpc.RpcError) as info:
+        read_all()
     assert answered == ["r0", "r1", "r2"]
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == ("input.token_ids.ids[1]=50257 is out of range [0, 50257) "
