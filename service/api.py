@@ -46,6 +46,14 @@ STREAM_WINDOW = 64  # requests of one stream in flight at once: pipelining with 
 log = logging.getLogger("service.api")
 
 
+class _Status(Exception):
+    """A stream item's failure, carried to the stream's writer to abort in order."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
 class _Input:
     """What Embed and EmbedBatch inputs share: text or ids, and a start position."""
 
@@ -80,7 +88,13 @@ class EmbeddingService:
             raise Unavailable("server is draining for shutdown; retry on another replica")
 
     async def _call(self, rpc: str, model: str, request_id: str,
-                    context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[Any]]) -> Any:
+                    context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[Any]],
+                    in_stream: bool = False) -> Any:
+        """Run one request's body with admission, metrics and the status mapping.
+
+        A failure aborts the RPC, except ``in_stream``: then it is raised as ``_Status``
+        for the stream to abort with once the answers before it are out.
+        """
         t0 = time.perf_counter()
         self.metrics.inflight += 1
         code = grpc.StatusCode.OK
@@ -94,6 +108,8 @@ class EmbeddingService:
             code, message = status_for(e, request_id)
             if not isinstance(e, EmbedError):
                 log.exception("internal error in %s request_id=%s", rpc, request_id)
+            if in_stream:
+                raise _Status(code, message) from e
             await context.abort(code, message)
         finally:
             self.metrics.inflight -= 1
@@ -239,13 +255,18 @@ class EmbeddingService:
                 t0 = time.perf_counter_ns()
                 await window.put(asyncio.ensure_future(self._call(
                     "EmbedStream", request.model, request.request_id, context,
-                    lambda r=request, t=t0: self._embed_one(r, context, t))))  # type: ignore[misc]
+                    lambda r=request, t=t0: self._embed_one(r, context, t),  # type: ignore[misc]
+                    in_stream=True)))
             await window.put(None)
 
         reader = asyncio.ensure_future(read())
         try:
             while (task := await window.get()) is not None:
-                yield await task
+                try:
+                    data = await task
+                except _Status as failed:  # in order: every answer before it was yielded
+                    await context.abort(failed.code, failed.message)
+                yield data
             await reader
         finally:
             reader.cancel()

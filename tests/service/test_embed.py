@@ -204,24 +204,32 @@ def test_stream_preserves_request_order(stub: pb_grpc.EmbeddingServiceStub) -> N
 
 
 def test_a_bad_stream_request_ends_the_stream_after_the_answers_before_it(
-        stub: pb_grpc.EmbeddingServiceStub) -> None:
+        tiny_repo: Path) -> None:
+    # A 50 ms batch delay keeps the good requests queued while the bad one fails at once in
+    # validation: its status must still wait for their answers.
+    server = start(tiny_repo, max_batch_delay_us=50_000)
     good = [pb.EmbedRequest(token_ids=pb.TokenIds(ids=[i, i + 1]), request_id=f"r{i}")
             for i in range(3)]
     bad = pb.EmbedRequest(token_ids=pb.TokenIds(ids=[7, 50257]), request_id="bad")
     after = pb.EmbedRequest(token_ids=pb.TokenIds(ids=[1]), request_id="after")
     answered: list[str] = []
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            stub = pb_grpc.EmbeddingServiceStub(channel)
 
-    def read_all() -> None:
-        for response in stub.EmbedStream(iter([*good, bad, after])):
-            answered.append(response.request_id)
+            def read_all() -> None:
+                for response in stub.EmbedStream(iter([*good, bad, after])):
+                    answered.append(response.request_id)
 
-    with pytest.raises(grpc.RpcError) as info:
-        read_all()
-    assert answered == ["r0", "r1", "r2"]
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == ("input.token_ids.ids[1]=50257 is out of range [0, 50257) "
-                                    "for model 'tiny'")
-    assert stub.Embed(after).request_id == "after"  # the server keeps serving
+            with pytest.raises(grpc.RpcError) as info:
+                read_all()
+            assert answered == ["r0", "r1", "r2"]
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.details() == ("input.token_ids.ids[1]=50257 is out of range "
+                                            "[0, 50257) for model 'tiny'")
+            assert stub.Embed(after).request_id == "after"  # the server keeps serving
+    finally:
+        server.stop()
 
 
 def test_tokenize_detokenize_and_model_rpcs(stub: pb_grpc.EmbeddingServiceStub) -> None:
