@@ -103,7 +103,7 @@ class Batcher:
                 and job.tokens <= INLINE_TOKENS):
             # Idle and nothing to wait for: this job is the whole batch. Computing it here
             # skips two hops through the event loop (wake the batcher, wake us back).
-            (result,) = self._record(*self._compute_batch([job]))
+            (result,) = self._record([job], *self._compute_batch([job]))
             if isinstance(result, BaseException):
                 raise result
             return result
@@ -157,7 +157,7 @@ class Batcher:
                                                           self._compute_batch, batch)
                     finally:
                         self._busy = False
-                results = self._record(*done)
+                results = self._record(batch, *done)
             except Exception as e:  # a bug, not bad input: fail this batch, keep serving
                 for job in batch:
                     if not job.future.done():
@@ -171,7 +171,7 @@ class Batcher:
                 else:
                     job.future.set_result(result)
 
-    def _record(self, results: list[bytes | BaseException], batch: list[Job], seconds: float
+    def _record(self, batch: list[Job], results: list[bytes | BaseException], seconds: float
                 ) -> list[bytes | BaseException]:
         # Metrics are recorded here, on the event loop, never on the compute thread.
         if self._on_batch is not None:
@@ -179,20 +179,9 @@ class Batcher:
                            batch[0].tables.device.type)
         return results
 
-    def _compute_batch(self, batch: list[Job]
-                       ) -> tuple[list[bytes | BaseException], list[Job], float]:
+    def _compute_batch(self, batch: list[Job]) -> tuple[list[bytes | BaseException], float]:
+        """Every job's response bytes, or its error; and the batch's seconds."""
         start_ns = time.perf_counter_ns()
-        if len(batch) == 1:  # the common case at low load, without the grouping
-            job = batch[0]
-            job.batch_tokens, job.batch_requests = job.tokens, 1
-            result: bytes | BaseException
-            try:
-                writer = job.reply.allocate()
-                job.tables.embed_into([(job.ids, job.spans, writer.rows)], job.compose)
-                result = self._finish(job, writer, start_ns)
-            except Exception as e:
-                result = e
-            return [result], batch, (time.perf_counter_ns() - start_ns) / 1e9
         groups: dict[tuple[int, int, torch.dtype], list[int]] = {}
         for i, job in enumerate(batch):
             groups.setdefault((id(job.tables), job.compose, job.reply.dtype), []).append(i)
@@ -213,15 +202,12 @@ class Batcher:
             except Exception as e:  # one failed group must not fail its batch-mates
                 for i in members:
                     results[i] = e
-        return results, batch, (time.perf_counter_ns() - start_ns) / 1e9
+        return results, (time.perf_counter_ns() - start_ns) / 1e9
 
     @staticmethod
-    def _finish(job: Job, writer: ResponseWriter, start_ns: int, t0: int | None = None
-                ) -> bytes:
-        """Write the timing fields: queue is submit → batch start; compute runs from ``t0``
-        (before the group's lookup) or, when None, from the batch start (a lone job:
-        allocation and lookup)."""
+    def _finish(job: Job, writer: ResponseWriter, start_ns: int, t0: int) -> bytes:
+        """Write the timing fields: queue is submit → batch start, compute runs from ``t0``
+        (just before the group's lookup)."""
         now = time.perf_counter_ns()
         job.queue_ns = start_ns - job.enqueued_ns
-        compute_ns = now - (start_ns if t0 is None else t0)
-        return writer.finish(job.queue_ns, job.tokenize_ns, compute_ns, now - job.start_ns)
+        return writer.finish(job.queue_ns, job.tokenize_ns, now - t0, now - job.start_ns)

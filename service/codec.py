@@ -117,13 +117,13 @@ def _timing_tag(descriptor: Any) -> int:
 class ResponseWriter:
     """One response being built: write ``rows``, then ``finish`` with the timing."""
 
-    __slots__ = ("_address", "_timing_at", "_timing_tag", "data", "rows")
+    __slots__ = ("_timing_at", "_timing_tag", "data", "rows")
 
     def __init__(self, reply: Reply) -> None:
         head, nbytes, fields = reply.head, reply.nbytes, reply.fields
         total = len(head) + nbytes + len(fields) + TIMING_BYTES  # > 1: never a shared object
         self.data: bytes = _new_bytes(None, total)  # fresh, uninitialised, ours alone
-        address = self._address = _bytes_address(self.data)
+        address = _bytes_address(self.data)
         ctypes.memmove(address, head, len(head))
         ctypes.memmove(address + len(head) + nbytes, fields, len(fields))
         self._timing_at = address + total - TIMING_BYTES

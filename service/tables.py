@@ -102,10 +102,7 @@ class EmbeddingTables:
     def _add_positions(self, x: torch.Tensor, spans: Sequence[Span]) -> None:
         """x += position rows, in place: slices where sequences are long, else one gather."""
         assert self.position_table is not None
-        if len(spans) == 1:  # the common case, kept short: x is exactly this span's rows
-            start, T = spans[0]
-            x += self.position_table[start: start + T]  # (T, C)
-        elif len(spans) * _MIN_ROWS_PER_SLICE <= x.shape[0]:
+        if len(spans) == 1 or len(spans) * _MIN_ROWS_PER_SLICE <= x.shape[0]:
             row = 0
             for start, T in spans:  # contiguous positions: no gather, no temporary
                 x[row: row + T] += self.position_table[start: start + T]  # (T, C)
@@ -146,8 +143,7 @@ class EmbeddingTables:
         if self.device.type != "cpu":
             self._embed_device(parts, compose)
             return
-        n = sum(int(ids.shape[0]) for ids, _, _ in parts) if len(parts) > 1 else 0
-        if 0 < n <= SHARED_GATHER_ROWS:
+        if len(parts) > 1 and (n := sum(int(p[0].shape[0]) for p in parts)) <= SHARED_GATHER_ROWS:
             ids = torch.cat([p[0] for p in parts])  # (N,)
             x = self._scratch_rows(n)  # (N, C) fp32
             self._sum(ids, [span for p in parts for span in p[1]], compose, x)
