@@ -24,7 +24,7 @@ check: setup proto-check  ## ruff + mypy
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy
 
-proto: setup     ## regenerate client/_gen from proto/
+proto: setup     ## regenerate genproto from proto/
 	@$(PY) scripts/gen_proto.py
 
 proto-check: setup

@@ -18,7 +18,7 @@ import numpy as np
 
 from bench.backend_host import reply_handler, serve_forever
 from bench.config import DTYPE_BYTES
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["CeilingPayloads", "main"]
 

@@ -31,8 +31,8 @@ import numpy as np
 
 from bench.model import ensure_model
 from bench.servers import GLIBC_TUNABLES, ServerProcess, free_port, wait_serving
-from client._gen.embedding.v1 import embedding_pb2 as pb
-from client._gen.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 
 __all__ = ["main"]
 

@@ -45,7 +45,7 @@ device = sys.argv[1]
 missing = []
 for name in ("torch", "numpy", "grpc", "grpc_health.v1", "grpc_reflection.v1alpha",
              "google.protobuf", "safetensors", "tiktoken", "prometheus_client", "matplotlib",
-             "pytest", "client._gen.embedding.v1.embedding_pb2_grpc", "service.server"):
+             "pytest", "genproto.embedding.v1.embedding_pb2_grpc", "service.server"):
     try:
         mod = importlib.import_module(name)
         print(f"{name}: {getattr(mod, '__version__', 'ok')}")

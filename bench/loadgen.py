@@ -23,7 +23,7 @@ from bench.backend_host import MAX_MESSAGE_BYTES
 from bench.naive_proto import EMBED_METHOD as NAIVE_EMBED
 from bench.naive_proto import STREAM_METHOD as NAIVE_STREAM
 from bench.naive_proto import NaiveResponse
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["DTYPE_ENUM", "Measurement", "Protocol", "measure", "protocol_for"]
 

@@ -25,7 +25,7 @@ from bench.model import MODEL_NAME, VOCAB_SIZE, ensure_model
 from bench.plot import plot_report
 from bench.report import build_report, format_report
 from bench.servers import start_servers, stop_servers
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["main", "run_bench"]
 

@@ -15,8 +15,8 @@ from typing import Any, Unpack
 import grpc
 import grpc.aio
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
-from client._gen.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from client.codec import (
     BatchOptions,
     Embedding,

@@ -16,7 +16,7 @@ from typing import Any, TypedDict, Unpack
 import grpc
 import numpy as np
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = [
     "COMPOSE",

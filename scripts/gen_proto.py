@@ -1,4 +1,4 @@
-"""Generate the Python gRPC code from proto/ into client/_gen (``make proto``).
+"""Generate the Python gRPC code from proto/ into genproto (``make proto``).
 
 One generated package, imported by both the server and the client. grpc_tools emits
 absolute imports rooted at the proto path (``from embedding.v1 import ...``); we rewrite
@@ -18,8 +18,8 @@ __all__ = ["generate", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
-OUT = ROOT / "client" / "_gen"
-PACKAGE = "client._gen"
+OUT = ROOT / "genproto"
+PACKAGE = "genproto"
 
 
 def generate(out: Path) -> list[Path]:
@@ -47,7 +47,7 @@ def generate(out: Path) -> list[Path]:
 
 
 def main() -> None:
-    """``gen_proto.py`` regenerates; ``gen_proto.py --check`` fails if client/_gen is stale."""
+    """``gen_proto.py`` regenerates; ``gen_proto.py --check`` fails if genproto is stale."""
     if "--check" not in sys.argv:
         shutil.rmtree(OUT, ignore_errors=True)
         generate(OUT)
@@ -60,8 +60,8 @@ def main() -> None:
                  and not ((OUT / p.relative_to(fresh)).exists()
                           and filecmp.cmp(p, OUT / p.relative_to(fresh), shallow=False))]
         if stale:
-            raise SystemExit(f"proto: client/_gen is stale ({', '.join(stale)}); run `make proto`")
-        print("proto: client/_gen is up to date")
+            raise SystemExit(f"proto: genproto is stale ({', '.join(stale)}); run `make proto`")
+        print("proto: genproto is up to date")
 
 
 if __name__ == "__main__":

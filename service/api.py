@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import torch
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 from service import codec
 from service.batcher import Batcher, Job
 from service.errors import EmbedError, InvalidArgument, Unauthenticated, Unavailable, status_for

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from google.protobuf.message import Message
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["DTYPES", "DTYPE_NAMES", "TIMING_BYTES", "Reply", "ResponseWriter", "identity",
            "padded_varint"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 from service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from service.repository import LoadedModel
 

@@ -16,7 +16,7 @@ from bench.naive_proto import NaiveResponse
 from bench.naive_server import NaiveEmbedder
 from bench.report import build_report, format_report, summarize
 from bench.run import _requests
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 
 
 def test_naive_reply_is_token_plus_position_as_floats() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from client import EmbeddingError, decode_tensor, embed_request
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 from client.codec import batch_request, decode_batch, stream_request
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from client import EmbeddingClient, EmbeddingError
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 from service.checkpoint import Checkpoint
 from service.server import ServerHandle
 from tests.tiny_model import start

@@ -13,8 +13,8 @@ import grpc
 import pytest
 import yaml
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
-from client._gen.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
 from tests.deploy.conftest import DEPLOY
 from tests.tiny_model import MakeCheckpoint, start

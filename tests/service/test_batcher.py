@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 from service import codec
 from service.batcher import Batcher, Job
 from service.errors import DeadlineExceeded, ResourceExhausted

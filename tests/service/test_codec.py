@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2 as pb
 from service import codec
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
-from client._gen.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
 from tests.tiny_model import TRAINED_ROWS, MakeCheckpoint, start, tiny_tables
 

@@ -19,8 +19,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
-from client._gen.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.checkpoint import EMBEDDINGS_FILE
 from service.server import ServerHandle
 from tests.tiny_model import MakeCheckpoint, start

@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client._gen.embedding.v1 import embedding_pb2 as pb
-from client._gen.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
 from tests.tiny_model import MakeCheckpoint, start
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from client._gen.embedding.v1 import embedding_pb2 as embedding_dot_v1_dot_embedding__pb2
+from genproto.embedding.v1 import embedding_pb2 as embedding_dot_v1_dot_embedding__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
