@@ -14,11 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from training.loss import DEFAULT_CHUNK
 from training.model import POSITIONS, ModelConfig
 
-__all__ = ["ENV_PREFIX", "TrainConfig", "parse_config"]
+__all__ = ["ADAMW_IMPLS", "ENV_PREFIX", "TrainConfig", "parse_config"]
 
 ENV_PREFIX = "EMBED_TRAIN_"
+# torch's three AdamW kernels: one loop per tensor, multi-tensor (foreach), one fused pass.
+ADAMW_IMPLS = ("single", "foreach", "fused")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class TrainConfig:
     tie_weights: bool = False  # untied: a token row moves only when that token is an input
     sparse_embeddings: bool = False  # sparse table grads + SparseAdam: idle rows never move
     table_rows: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    loss_chunk: int = DEFAULT_CHUNK  # rows per chunk of the fused head + loss; 0 = full logits
     # optimisation
     batch_size: int = 8  # sequences per optimizer step (global, across all DDP ranks)
     grad_accum: int = 1  # micro-batches per step; each holds batch_size / grad_accum rows
@@ -50,6 +54,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95  # nanoGPT's value: faster second-moment tracking for short runs
     grad_clip: float = 1.0  # 0 disables
+    adamw_impl: str = "fused"  # single | foreach | fused: the AdamW kernel (same maths)
     # evaluation, checkpointing, outputs
     eval_every: int = 50  # steps between val evaluations (and one at the end)
     eval_tokens: int = 16384  # val tokens per evaluation (the default corpus has ~14k)
@@ -74,6 +79,8 @@ class TrainConfig:
             raise ValueError("val_fraction must be in (0, 1)")
         if self.max_steps <= 0 or self.warmup_steps < 0:
             raise ValueError("max_steps must be > 0 and warmup_steps >= 0")
+        if self.adamw_impl not in ADAMW_IMPLS:
+            raise ValueError(f"adamw_impl {self.adamw_impl!r} not in {ADAMW_IMPLS}")
         self.model_config(vocab_size=1)  # shape checks live in ModelConfig
 
     def model_config(self, vocab_size: int) -> ModelConfig:
@@ -82,7 +89,8 @@ class TrainConfig:
                            block_size=self.block_size, n_layer=self.n_layer,
                            n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout,
                            position=self.position, tie_weights=self.tie_weights,
-                           sparse_embeddings=self.sparse_embeddings)
+                           sparse_embeddings=self.sparse_embeddings,
+                           loss_chunk=self.loss_chunk)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, recorded in the manifest's provenance."""
@@ -126,7 +134,7 @@ def parse_config(argv: Sequence[str] | None = None,
         else:
             kind = type(default)
             value = kind(raw) if raw is not None else default
-            choices = POSITIONS if f.name == "position" else None
+            choices = {"position": POSITIONS, "adamw_impl": ADAMW_IMPLS}.get(f.name)
             parser.add_argument(_flag(f.name), type=kind, default=value, choices=choices,
                                 help=f"(default {value}; env {ENV_PREFIX}{f.name.upper()})")
     ns = vars(parser.parse_args(argv))

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from service.tables import sinusoidal_table  # the server recomputes it: same bits
+from training.loss import DEFAULT_CHUNK, linear_cross_entropy
 
 __all__ = ["GPT", "POSITIONS", "ModelConfig", "rope_tables"]
 
@@ -36,6 +37,7 @@ class ModelConfig:
     position: str = "learned"
     tie_weights: bool = False
     sparse_embeddings: bool = False  # nn.Embedding(sparse=True): row-sparse table gradients
+    loss_chunk: int = DEFAULT_CHUNK  # rows per chunk of the fused head + loss; 0 = full logits
 
     def __post_init__(self) -> None:
         if self.position not in POSITIONS:
@@ -46,6 +48,8 @@ class ModelConfig:
             raise ValueError(f"n_embd {self.n_embd} not divisible by n_head {self.n_head}")
         if self.position == "none" and (self.n_embd // self.n_head) % 2:
             raise ValueError("RoPE needs an even head dimension")
+        if self.loss_chunk < 0:
+            raise ValueError(f"loss_chunk must be >= 0, got {self.loss_chunk}")
         if self.tie_weights and self.sparse_embeddings:
             raise ValueError("sparse_embeddings needs an untied head (tied rows are all dense)")
 
@@ -163,17 +167,34 @@ class GPT(nn.Module):
             x = x + self.sinusoid[:T]  # (B, T, C)
         return x
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx, targets: (B, T) int64 -> logits (B, T, table_rows), mean cross-entropy."""
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) int64 -> the final LayerNorm's output (B, T, C), the head's input."""
         x = self.drop(self.input_embeddings(idx))  # (B, T, C)
         rope = None
         if isinstance(self.rope_cos, torch.Tensor) and isinstance(self.rope_sin, torch.Tensor):
             rope = (self.rope_cos, self.rope_sin)
         for block in self.blocks:
             x = block(x, rope)  # (B, T, C)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, table_rows)
+        return self.ln_f(x)  # (B, T, C)
+
+    def head_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the LM head on hidden (B, T, C) against targets (B, T).
+
+        With ``loss_chunk`` > 0 the logits are never materialised (training/loss.py);
+        with 0 they are, and F.cross_entropy takes them (the reference path).
+        """
+        C = hidden.shape[-1]
+        flat, goal = hidden.reshape(-1, C), targets.reshape(-1)  # (B*T, C), (B*T,)
+        if self.cfg.loss_chunk:
+            return linear_cross_entropy(flat, self.lm_head.weight, goal, self.cfg.loss_chunk)
+        logits = self.lm_head(flat)  # (B*T, table_rows)
+        return F.cross_entropy(logits.float(), goal)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """idx, targets: (B, T) int64 -> (logits (B, T, table_rows), None) without targets,
+        (None, mean cross-entropy) with them: the training path never builds the logits."""
+        hidden = self.hidden_states(idx)  # (B, T, C)
         if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
-        return logits, loss
+            return self.lm_head(hidden), None  # (B, T, table_rows)
+        return None, self.head_loss(hidden, targets)

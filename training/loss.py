@@ -1,0 +1,105 @@
+"""Cross-entropy of a linear LM head, computed in row chunks: the full logits never exist.
+
+At B*T = 2048 rows and 50,304 table rows the logits are 412 MB of float32, and
+``F.cross_entropy(lm_head(h))`` holds them, their log-softmax and their gradient at once
+(the step's peak RSS and much of its time: every pass over them misses the caches).
+:func:`linear_cross_entropy` takes the hidden states and the head's weight instead and
+walks ``chunk`` rows at a time through two reused ``(chunk, V)`` buffers:
+
+    logits = h_k @ W.T                      (chunk, V)
+    logp   = log_softmax(logits)            the loss of row i is -logp[i, t_i]
+    p      = exp(logp) - onehot(t)          d(loss_i)/d(logits_i)
+    grad_h[k]  = p @ W                      (chunk, C)
+    grad_W    += p.T @ h_k                  (V, C), no transpose copy: BLAS reads W.T / p.T
+
+When a gradient is needed the forward pass does all of it (three matmuls per chunk, as
+autograd's own head does; recomputing the logits in backward would be a fourth), keeps
+``grad_h`` (N, C) and ``grad_W`` (V, C), and backward only scales them by the incoming
+gradient. Without a gradient (evaluation) it is the forward half only. The per-row loss is
+F.cross_entropy's own (log_softmax, then the target's entry); only the order of the sum
+differs, so the result agrees with ``F.cross_entropy`` to float32 rounding
+(tests/training/test_loss.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["DEFAULT_CHUNK", "linear_cross_entropy"]
+
+DEFAULT_CHUNK = 256  # rows per chunk: 2 x 51 MB buffers at V=50304 (measured in docs/training.md)
+
+
+def _chunks(n: int, chunk: int) -> list[tuple[int, int]]:
+    return [(s, min(n, s + chunk)) for s in range(0, n, chunk)]
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``; gradients fused in."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor,
+                targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        """hidden (N, C), weight (V, C), targets (N,) int64 -> scalar mean loss."""
+        N, V = hidden.shape[0], weight.shape[0]
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        width = min(chunk, N)
+        logits = hidden.new_empty(width, V)  # (chunk, V), reused by every chunk
+        logp = hidden.new_empty(width, V)  # (chunk, V)
+        grad_h = torch.empty_like(hidden) if want_h else None  # (N, C)
+        grad_w = torch.zeros_like(weight) if want_w else None  # (V, C)
+        total = hidden.new_zeros(())
+        for s, e in _chunks(N, chunk):
+            h, t = hidden[s:e], targets[s:e, None]  # (n, C), (n, 1)
+            n = e - s
+            lg, lp = logits[:n], logp[:n]  # (n, V) each
+            torch.mm(h, weight.t(), out=lg)  # (n, V): W.T is a strided view, not a copy
+            torch._log_softmax(lg, 1, False, out=lp)  # (n, V): F.cross_entropy's kernel
+            total -= lp.gather(1, t).sum()
+            if grad_h is None and grad_w is None:
+                continue
+            p = lp.exp_()  # (n, V): softmax, in place over the log-probabilities
+            p.scatter_add_(1, t, p.new_full((n, 1), -1.0))  # (n, V): softmax - onehot
+            if grad_h is not None:
+                torch.mm(p, weight, out=grad_h[s:e])  # (n, C)
+            if grad_w is not None:
+                grad_w.addmm_(p.t(), h)  # (V, C) += (V, n) @ (n, C)
+        # 1/N applied to the small (N, C) and (V, C) results, not to every (n, V) entry.
+        scale = 1.0 / N
+        if grad_h is not None:
+            grad_h.mul_(scale)
+        if grad_w is not None:
+            grad_w.mul_(scale)
+        ctx.save_for_backward(*(g for g in (grad_h, grad_w) if g is not None))
+        ctx.has = (grad_h is not None, grad_w is not None)
+        return total / N
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        """The loss is a scalar: its gradients are the stored ones times ``grad_out``."""
+        saved = list(ctx.saved_tensors)
+        grad_h = saved.pop(0) * grad_out if ctx.has[0] else None  # (N, C)
+        grad_w = saved.pop(0) * grad_out if ctx.has[1] else None  # (V, C)
+        return grad_h, grad_w, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """``F.cross_entropy(hidden @ weight.T, targets)`` without materialising the logits.
+
+    hidden (N, C) float32, weight (V, C) (an LM head or a tied token table), targets (N,)
+    int64 in [0, V). Returns the mean loss (scalar); differentiable in hidden and weight.
+    """
+    if chunk <= 0:
+        raise ValueError(f"chunk must be > 0, got {chunk}")
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} / targets {tuple(targets.shape)}: "
+                         "want (N, C) and (N,)")
+    # The loss is float32 whatever autocast would pick (bf16 logits lose the softmax tail).
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        loss = _LinearCrossEntropy.apply(hidden.to(weight.dtype), weight, targets, chunk)
+    assert isinstance(loss, torch.Tensor)
+    return loss
