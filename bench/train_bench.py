@@ -3,6 +3,10 @@ default run, and the step time of a 50257-row token table with dense vs sparse g
 
     .venv/bin/python -m bench.train_bench [--threads 1] [--device cpu|cuda]
                                           [--out bench/results/train_bench.json]
+    .venv/bin/python -m bench.train_bench --preset anchor   # nanoGPT's small config, 600 steps
+    .venv/bin/python -m bench.train_bench --preset levers   # each speed lever on its own
+
+The anchor and levers presets are bench/train_anchor.py's (read its docstring).
 
 The model step is training/train.py's: ``TrainConfig()`` defaults (shape and batch printed
 in the table header), its ``build_optimizers`` and ``clip_grad_norm``; once with dense
@@ -41,9 +45,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.servers import GLIBC_TUNABLES
 from training.config import TrainConfig
 from training.data import default_corpus_ids
+from training.malloc import TUNABLES as GLIBC_TUNABLES
 from training.model import GPT, ModelConfig
 from training.optim import build_optimizers, clip_grad_norm
 
@@ -234,14 +238,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--table-steps", type=int, default=10, help="timed table steps per variant")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--malloc", choices=["tunables", "default"], default="tunables")
-    p.add_argument("--out", type=Path, default=Path("bench/results/train_bench.json"))
+    p.add_argument("--out", type=Path, help="JSON report (default bench/results/<preset>.json)")
+    p.add_argument("--preset", choices=["default", "anchor", "levers"], default="default",
+                   help="default: the make-run model; anchor/levers: nanoGPT's small config")
+    p.add_argument("--anchor-steps", type=int, default=600, help="anchor: whole-run steps")
+    p.add_argument("--breakdown-steps", type=int, default=5, help="anchor: timed phase steps")
+    p.add_argument("--rounds", type=int, default=3, help="levers: interleaved rounds")
+    p.add_argument("--lever-steps", type=int, default=2, help="levers: steps per round")
+    p.add_argument("--compile", action="store_true", help="levers: add torch.compile")
     args = p.parse_args(argv)
+    name = {"default": "train_bench", "anchor": "train_anchor", "levers": "train_levers"}
+    args.out = args.out or Path(f"bench/results/{name[args.preset]}.json")
     if args.malloc == "tunables" and "GLIBC_TUNABLES" not in os.environ:
         os.environ["GLIBC_TUNABLES"] = GLIBC_TUNABLES  # read by glibc only at process start
         os.execv(sys.executable, [sys.executable, "-m", "bench.train_bench",
                                   *(sys.argv[1:] if argv is None else argv)])
     if args.threads:  # at 1 thread no parallel region waits on a preempted straggler
         torch.set_num_threads(args.threads)
+    if args.preset == "levers":
+        from bench.train_anchor import run_levers
+
+        run_levers(args.rounds, args.lever_steps, args.out, args.compile)
+        return 0
+    if args.preset == "anchor":  # whole run first: nothing before it may raise peak RSS
+        from bench.train_anchor import run_anchor
+
+        run_anchor(args.anchor_steps, args.breakdown_steps, args.out, args.threads or 0)
+        return 0
     started = time.perf_counter()
     load_start = os.getloadavg()
     device = torch.device(args.device)
