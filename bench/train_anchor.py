@@ -106,7 +106,7 @@ class _Stepper:
         self.cfg, self.threads = cfg, threads
         self.model = GPT(cfg.model_config(VOCAB_SIZE)).train()
         self.optimizers = build_optimizers(self.model, cfg)
-        self.params = list(self.model.parameters())
+        self.params: list[torch.Tensor] = list(self.model.parameters())
         self.n = 0
 
     def step(self, xy: torch.Tensor) -> dict[str, float]:
