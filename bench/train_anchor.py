@@ -256,6 +256,8 @@ def run_anchor(steps: int, breakdown_steps: int, out: Path, threads: int = 0
     print(f"{'peak RSS (GiB)':<24}{run['peak_rss_bytes'] / 2**30:>14.2f}"
           f"{ref['peak_rss_bytes'] / 2**30:>10.1f}{ref['target_peak_rss_bytes'] / 2**30:>10.1f}")
     print(f"{'MFU (measured peak)':<24}{mfu:>14.1%}")
+    print(f"{'tokens per CPU second':<24}{run['tokens'] / run['cpu_seconds']:>14.0f}"
+          "   (this process's CPU time: what a loaded machine does not inflate)")
     print(f"val loss at step {run['steps']}: {run['val_loss']:.4f} "
           f"(unigram {run['unigram_val_loss']:.4f}); {run['seconds']:.0f} s wall, "
           f"load {run['load_average_start'][0]:.1f} -> {run['load_average_end'][0]:.1f}")
