@@ -40,7 +40,7 @@ ANCHOR = TrainConfig(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size
                      grad_accum=1, max_steps=600, lr=1e-3, min_lr_ratio=0.1, warmup_steps=50,
                      beta2=0.99, weight_decay=0.1, tie_weights=True, eval_every=100,
                      eval_tokens=1 << 20, export=False, name="anchor",
-                     runs_dir="bench/results/runs", loss_chunk=512)
+                     runs_dir="bench/results/runs")  # loss_chunk: DEFAULT_CHUNK = 512
 # What this project did before issue 13: full logits + F.cross_entropy, single-tensor AdamW.
 REFERENCE = dataclasses.replace(ANCHOR, loss_chunk=0, adamw_impl="single")
 # nanoGPT at ANCHOR, measured on this machine kind (2 cores); the target is 2x untuned.
