@@ -9,7 +9,7 @@ past max_seq_len, inputs repeated past the token, text-byte and message caps.
 from __future__ import annotations
 
 import os
-from typing import Any, TypeVar
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -17,8 +17,6 @@ from hypothesis import strategies as st
 from genproto.embedding.v1 import embedding_pb2 as pb
 from tests.service.fuzz_oracle import VERSION
 from tests.tiny_model import TABLE_ROWS, VOCAB_SIZE
-
-T = TypeVar("T")
 
 # ci: a fixed, reproducible set (derandomize) that fits the CI budget; long: `make fuzz`.
 settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True,
@@ -117,7 +115,6 @@ def batch_requests(draw: st.DrawFn) -> pb.EmbedBatchRequest:
     return req
 
 
-
 # -- explicit examples ---------------------------------------------------------------------
 
 
@@ -139,6 +136,8 @@ def span(n: int, start_position: int = 0) -> pb.EmbedInput:
 
 # -- raw bytes: requests no stub would send -------------------------------------------------
 
+# Never valid; a lone surrogate (U+D800, as Python's surrogatepass writes it); an overlong
+# "/"; a cut-off sequence; a code point past U+10FFFF.
 BAD_UTF8 = [b"\xff", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe2\x82", b"\xf4\x90\x80\x80"]
 
 
