@@ -19,24 +19,15 @@ from typing import Any
 
 import grpc
 import numpy as np
-import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service import codec
-from service.batcher import Batcher, Job
-from service.errors import EmbedError, InvalidArgument, Unauthenticated, Unavailable, status_for
+from service.admission import Admission, Admitter, Input, Options
+from service.batcher import Batcher
+from service.errors import EmbedError, Unauthenticated, Unavailable, status_for
 from service.metrics import Metrics
 from service.repository import LoadedModel, Repository
-from service.validation import (
-    Fitted,
-    Limits,
-    check_compose,
-    check_enum,
-    check_ids,
-    check_response_size,
-    check_text,
-    fit_length,
-)
+from service.validation import Limits, check_ids, check_text
 
 __all__ = ["SERVICE_NAME", "UNKNOWN_MODEL", "EmbeddingService"]
 
@@ -54,16 +45,6 @@ class _Status(Exception):
         self.code, self.message = code, message
 
 
-class _Input:
-    """What Embed and EmbedBatch inputs share: text or ids, and a start position."""
-
-    def __init__(self, msg: Any) -> None:
-        self.kind = msg.WhichOneof("input")
-        self.text: str = msg.text
-        self.ids = msg.token_ids.ids
-        self.start_position: int = msg.start_position
-
-
 class EmbeddingService:
     """Implements embedding.v1.EmbeddingService on a repository and a batcher."""
 
@@ -74,6 +55,7 @@ class EmbeddingService:
         self.metrics = metrics
         self.limits = limits
         self._pool = tokenize_pool
+        self.admitter = Admitter(repo, limits, tokenize_pool, metrics)
         self._auth = f"Bearer {auth_token}".encode() if auth_token else b""
         self.draining = False
 
@@ -125,68 +107,36 @@ class EmbeddingService:
         remaining = context.time_remaining()
         return None if remaining is None else time.monotonic() + remaining
 
-    async def _tokens(self, model: LoadedModel, inp: _Input, allow_special: bool,
-                      field: str) -> tuple[np.ndarray, int]:
-        if inp.kind == "text":
-            check_text(inp.text, self.limits, f"{field}.text")
-            t0 = time.perf_counter_ns()
-            ids = await asyncio.get_running_loop().run_in_executor(
-                self._pool, model.tokenizer.encode, inp.text, allow_special)
-            ns = time.perf_counter_ns() - t0
-            self.metrics.tokenize_duration.observe(ns / 1e9)
-            return np.asarray(ids, dtype=np.int64), ns
-        if inp.kind == "token_ids":
-            ids_arr = np.array(inp.ids, dtype=np.int64)  # buffer protocol: ~15x fromiter
-            check_ids(ids_arr, model, f"{field}.token_ids.ids")
-            return ids_arr, 0
-        raise InvalidArgument(f"{field} is empty: set text or token_ids")
-
-    def _untrained(self, model: LoadedModel, ids: torch.Tensor) -> list[int]:
-        if model.untrained is None:
-            return []
-        idx = model.untrained[ids].nonzero().flatten().tolist()  # indices i < T
-        if idx:
-            self.metrics.untrained_lookups.labels(model.name).inc(len(idx))
-        return idx
-
-    def _account(self, model: LoadedModel, job: Job, dtype: int) -> None:
-        # On the event loop after the batch: metrics are never touched by two threads.
-        nbytes = job.tokens * model.tables.dim * codec.DTYPES[dtype].itemsize
-        self.metrics.tokens.labels(model.name).inc(job.tokens)
-        self.metrics.output_bytes.labels(model.name, codec.DTYPE_NAMES[dtype]).inc(nbytes)
-        self.metrics.queue_duration.observe(job.queue_ns / 1e9)
-
     # -- embedding RPCs -------------------------------------------------------------------
 
     async def _embed_one(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext,
                          t0: int) -> bytes:
-        model = self.repo.get(request.model, request.version)
-        compose = check_enum(request.compose, pb.Compose, "compose")
-        dtype = check_enum(request.dtype, pb.DType, "dtype")
-        truncate = check_enum(request.truncate, pb.Truncate, "truncate")
-        check_compose(compose, model)
-        ids, tokenize_ns = await self._tokens(model, _Input(request),
-                                              request.allow_special_tokens, "input")
-        fitted = fit_length(ids, request.start_position, truncate, model, self.limits,
-                            "input")
-        torch_dtype = codec.DTYPES[dtype]
-        check_response_size(len(fitted.ids), model, torch_dtype.itemsize, self.limits)
-        untrained = self._untrained(model, fitted.ids)
+        kind = request.WhichOneof("input")
+        admission = await self.admitter.admit(_options(request), [Input(
+            "input", text=request.text if kind == "text" else None,
+            ids=request.token_ids.ids if kind == "token_ids" else None,
+            start_position=request.start_position)])
+        (fitted,) = admission.sequences
+        model = admission.model
         # Echoing the request's own repeated field skips a tensor -> list -> proto round trip.
-        echo = (request.token_ids.ids if request.WhichOneof("input") == "token_ids"
-                and not fitted.truncated_tokens else fitted.ids.tolist())
-
+        echo = (request.token_ids.ids if kind == "token_ids" and not fitted.truncated_tokens
+                else fitted.ids.tolist())
         fields = pb.EmbedResponse(
             token_ids=echo, start_position=fitted.start_position, model=model.name,
             version=model.version, checkpoint_id=model.checkpoint_id,
-            truncated_tokens=fitted.truncated_tokens, untrained_token_indices=untrained,
+            truncated_tokens=fitted.truncated_tokens,
+            untrained_token_indices=self.admitter.untrained(model, fitted.ids),
             request_id=request.request_id)
-        T = len(fitted.ids)
-        job = Job(model.tables, fitted.ids, [(fitted.start_position, T)], compose,
-                  codec.Reply(fields, (T, model.tables.dim), dtype), t0, tokenize_ns,
-                  self._deadline(context))
-        data = await self.batcher.submit(job)
-        self._account(model, job, dtype)
+        return await self._run(admission, fields, context, t0)
+
+    async def _run(self, admission: Admission, fields: Any,
+                   context: grpc.aio.ServicerContext, t0: int) -> bytes:
+        """Plan the response, batch the lookup into it, account for it."""
+        reply = codec.Reply(fields, (admission.tokens, admission.model.tables.dim),
+                            admission.options.dtype)
+        job = admission.job(reply.allocate(), t0, self._deadline(context))
+        data: bytes = await self.batcher.submit(job)
+        self.admitter.account(admission, job)
         return data
 
     async def Embed(self, request: pb.EmbedRequest,
@@ -202,43 +152,24 @@ class EmbeddingService:
         t0 = time.perf_counter_ns()
 
         async def body() -> bytes:
-            model = self.repo.get(request.model, request.version)
-            compose = check_enum(request.compose, pb.Compose, "compose")
-            dtype = check_enum(request.dtype, pb.DType, "dtype")
-            truncate = check_enum(request.truncate, pb.Truncate, "truncate")
-            check_compose(compose, model)
-            if not request.inputs:
-                raise InvalidArgument("inputs is empty: give at least one input")
-            tokenized = await asyncio.gather(*(
-                self._tokens(model, _Input(inp), request.allow_special_tokens, f"inputs[{i}]")
-                for i, inp in enumerate(request.inputs)))
-            fitted: list[Fitted] = [
-                fit_length(ids, inp.start_position, truncate, model, self.limits, f"inputs[{i}]")
-                for i, ((ids, _), inp) in enumerate(zip(tokenized, request.inputs))]
-            total = sum(len(f.ids) for f in fitted)
-            if total > self.limits.max_tokens_per_request:
-                raise InvalidArgument(f"inputs have {total} tokens in all; "
-                                      f"max_tokens_per_request is "
-                                      f"{self.limits.max_tokens_per_request}")
-            torch_dtype = codec.DTYPES[dtype]
-            check_response_size(total, model, torch_dtype.itemsize, self.limits)
+            inputs = []
+            for i, inp in enumerate(request.inputs):
+                kind = inp.WhichOneof("input")
+                inputs.append(Input(f"inputs[{i}]", text=inp.text if kind == "text" else None,
+                                    ids=inp.token_ids.ids if kind == "token_ids" else None,
+                                    start_position=inp.start_position))
+            admission = await self.admitter.admit(_options(request), inputs)
+            model = admission.model
+            fitted = admission.sequences
             offsets = np.cumsum([0] + [len(f.ids) for f in fitted]).tolist()
             items = [pb.BatchItem(token_ids=f.ids.tolist(), start_position=f.start_position,
                                   truncated_tokens=f.truncated_tokens,
-                                  untrained_token_indices=self._untrained(model, f.ids))
+                                  untrained_token_indices=self.admitter.untrained(model, f.ids))
                      for f in fitted]
-            tokenize_ns = sum(ns for _, ns in tokenized)
-
             fields = pb.EmbedBatchResponse(
                 offsets=offsets, items=items, model=model.name, version=model.version,
                 checkpoint_id=model.checkpoint_id, request_id=request.request_id)
-            spans = [(f.start_position, len(f.ids)) for f in fitted]
-            job = Job(model.tables, torch.cat([f.ids for f in fitted]), spans, compose,
-                      codec.Reply(fields, (total, model.tables.dim), dtype), t0, tokenize_ns,
-                      self._deadline(context))
-            data = await self.batcher.submit(job)
-            self._account(model, job, dtype)
-            return data
+            return await self._run(admission, fields, context, t0)
 
         return await self._call("EmbedBatch", request.model, request.request_id, context, body)
 
@@ -355,3 +286,9 @@ class EmbeddingService:
             "ListModels": unary(self.ListModels, pb.ListModelsRequest, False),
             "GetModelInfo": unary(self.GetModelInfo, pb.GetModelInfoRequest, False),
         })
+
+
+def _options(request: pb.EmbedRequest | pb.EmbedBatchRequest) -> Options:
+    """The request-wide settings of an Embed or EmbedBatch request."""
+    return Options(request.model, request.version, request.compose, request.dtype,
+                   request.truncate, request.allow_special_tokens)
