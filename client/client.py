@@ -15,8 +15,6 @@ from typing import Any, Unpack
 import grpc
 import grpc.aio
 
-from genproto.embedding.v1 import embedding_pb2 as pb
-from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from client.codec import (
     BatchOptions,
     Embedding,
@@ -28,6 +26,8 @@ from client.codec import (
     embed_request,
     stream_request,
 )
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 
 __all__ = ["DEFAULT_TARGET", "AsyncEmbeddingClient", "EmbeddingClient", "EmbeddingError"]
 
