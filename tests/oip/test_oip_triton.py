@@ -186,7 +186,7 @@ def test_shared_memory_output(server: ServerHandle, triton: Triton,
     assert status["ok"]["regions"]["out0"] == {"name": "out0", "key": region.key,
                                                "byte_size": "8192"}
     out = got["ok"]["outputs"]["embeddings"]
-    assert (out["datatype"], out["shape"]) == (datatype, ["2", "5", str(DIM)])
+    assert (out["datatype"], out["shape"]) == (datatype, [2, 5, DIM])
     assert (too_small["status"], too_small["message"]) == (
         "INVALID_ARGUMENT", "outputs['embeddings']: the output needs 36864 bytes at offset 0 "
         "but region 'out0' has 8192 bytes; the largest T that fits is 14")
