@@ -14,7 +14,6 @@ import torch
 
 from client import EmbeddingClient
 from examples.downstream_service import (
-    METHOD,
     Prediction,
     RestOfGPT,
     downstream_server,
@@ -142,10 +141,6 @@ def test_errors(trained: tuple[Path, GPT, ServerHandle], text: str, code: grpc.S
         _ask(RestOfGPT(version_dir), handle.target, text)
     assert exc.value.code() == code
     assert exc.value.details() == details
-
-
-def test_method_name() -> None:
-    assert METHOD == "/downstream.v1.NextToken/Predict"
 
 
 def test_main_demo(capsys: pytest.CaptureFixture[str]) -> None:
