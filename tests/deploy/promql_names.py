@@ -99,7 +99,7 @@ def _matchers(tokens: list[tuple[str, str]], i: int, expr: str) -> tuple[list[Ma
         if tokens[i] == ("op", ","):
             i += 1
             continue
-        (k1, label), (k2, op), (k3, value) = tokens[i:i + 3]
+        (k1, label), (_, op), (k3, value) = tokens[i:i + 3]
         if k1 != "ident" or op not in ("=", "!=", "=~", "!~") or k3 != "string":
             raise ValueError(f"bad label matcher near {label!r} in {expr!r}")
         out.append(Matcher(label, op, _unquote(value)))
