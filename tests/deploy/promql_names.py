@@ -18,7 +18,7 @@ query must name one of those, and the check reads the sample names of the exposi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -168,20 +168,27 @@ class Exposition:
 
 
 def check_query(expr: str, exposition: Exposition,
-                extra_labels: Iterable[str] = TARGET_LABELS) -> list[str]:
+                extra_labels: Iterable[str] = TARGET_LABELS,
+                recorded: Mapping[str, Iterable[str]] | None = None) -> list[str]:
     """Problems with ``expr`` against ``exposition`` (empty list: every name exists).
 
-    Each selected series must be exported; each matcher's label must be on it (or be a
-    target label Prometheus adds), and an exact ``=``/``!=`` value without a ``$variable``
-    must be one the server wrote; each grouping label must be on every series the query
-    selects.
+    Each selected series must be exported (or be one of ``recorded``, series that recording
+    rules make, with their labels); each matcher's label must be on it (or be a target label
+    Prometheus adds), and an exact ``=``/``!=`` value without a ``$variable`` must be one the
+    server wrote; each grouping label must be on every series the query selects.
     """
     query = parse_query(expr)
     extra = set(extra_labels)
+    known = {name: set(labels) for name, labels in (recorded or {}).items()}
     problems: list[str] = []
     if not query.selectors:
         problems.append(f"no series selected in {expr!r}")
     for selector in query.selectors:
+        if selector.name in known:
+            missing = {m.label for m in selector.matchers} - known[selector.name] - extra
+            problems += [f"series {selector.name!r} has no label {label!r}"
+                         for label in sorted(missing)]
+            continue
         labels = exposition.labels.get(selector.name)
         if labels is None:
             problems.append(f"series {selector.name!r} is not exported")
@@ -194,7 +201,7 @@ def check_query(expr: str, exposition: Exposition,
                 problems.append(f"series {selector.name!r} never has {m.label}={m.value!r}")
     for label in sorted(query.grouping):
         for selector in query.selectors:
-            labels = exposition.labels.get(selector.name)
+            labels = known.get(selector.name, exposition.labels.get(selector.name))
             if labels is not None and label not in labels | extra:
                 problems.append(f"grouping label {label!r} is not on {selector.name!r}")
     return problems

@@ -143,3 +143,14 @@ def test_prometheusrule_groups_pass_promtool(manifests: dict[str, dict[tuple[str
                           capture_output=True, text=True, timeout=120)
     assert test.returncode == 0, test.stdout + test.stderr
     assert "SUCCESS" in test.stdout
+
+
+def test_every_overlay_and_component_is_validated() -> None:
+    """A new overlay directory cannot skip the checks above, and no component goes unbuilt."""
+    k8s = DEPLOY / "k8s"
+    assert sorted(p.name for p in (k8s / "overlays").iterdir()) == sorted(OVERLAYS)
+    used = {Path(c).name for overlay in OVERLAYS
+            for c in yaml.safe_load((k8s / "overlays" / overlay / "kustomization.yaml")
+                                    .read_text()).get("components", [])}
+    assert sorted(p.name for p in (k8s / "components").iterdir()) == sorted(used)
+    assert used == {"model-image", "network-policy", "prometheus-operator"}
