@@ -18,7 +18,10 @@ fi
 dir=client/node
 stamp="$dir/node_modules/.stamp-lock"
 want="$(cat "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -c1-16)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+# The packages themselves are checked too: a hand-deleted one is reinstalled.
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+    && [ -f "$dir/node_modules/@grpc/grpc-js/package.json" ] \
+    && [ -f "$dir/node_modules/@grpc/proto-loader/package.json" ]; then
   exit 0
 fi
 echo "setup_node: npm ci in $dir (versions from package-lock.json)"
