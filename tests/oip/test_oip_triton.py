@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
+from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
@@ -163,3 +164,29 @@ def test_no_model_loaded_is_unavailable(tmp_path: Path, triton: Triton) -> None:
     assert (got["status"], got["message"]) == ("UNAVAILABLE",
                                                "no model is loaded yet; retry shortly")
     assert ready["ok"] == {"live": True, "ready": False, "model_ready": False}
+
+
+@pytest.mark.parametrize("datatype", list(DATATYPES))
+def test_shared_memory_output(server: ServerHandle, triton: Triton,
+                              native: pb_grpc.EmbeddingServiceStub, datatype: str) -> None:
+    dtype, _ = DATATYPES[datatype]
+    want = b"".join(native_rows(native, token_ids=pb.TokenIds(ids=ids), dtype=dtype)
+                    for ids in IDS)
+    with SharedMemoryRegion("triton", 8192) as region:
+        register, status, got, too_small, unregister = triton(server.target, [
+            {"op": "shm_register", "name": "out0", "key": region.key, "byte_size": 8192},
+            {"op": "shm_status"},
+            {"op": "infer", "ids": IDS, "parameters": {"datatype": datatype},
+             "shm": {"region": "out0", "byte_size": len(want), "offset": 256}},
+            {"op": "infer", "ids": [[1] * 64] * 9,
+             "shm": {"region": "out0", "byte_size": 8192}},
+            {"op": "shm_unregister", "name": "out0"}])
+        assert bytes(region.mapping[256: 256 + len(want)]) == want
+    assert register == unregister == {"ok": {}}
+    assert status["ok"]["regions"]["out0"] == {"name": "out0", "key": region.key,
+                                               "byte_size": "8192"}
+    out = got["ok"]["outputs"]["embeddings"]
+    assert (out["datatype"], out["shape"]) == (datatype, [2, 5, DIM])
+    assert (too_small["status"], too_small["message"]) == (
+        "INVALID_ARGUMENT", "outputs['embeddings']: the output needs 36864 bytes at offset 0 "
+        "but region 'out0' has 8192 bytes; the largest T that fits is 14")

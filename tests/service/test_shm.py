@@ -71,7 +71,8 @@ def test_response_carries_only_shape_dtype_and_range(server: ServerHandle,
         ([len(IDS), DIM], pb.DTYPE_BFLOAT16, b"")
     assert resp.output == pb.SharedMemoryRange(region="test", offset=8,
                                                byte_size=len(IDS) * DIM * 2)
-    assert batch.output.byte_size == 4 * DIM * 4 and list(batch.offsets) == [0, 2, 4]
+    assert batch.output.byte_size == 4 * DIM * 4
+    assert list(batch.offsets) == [0, 2, 4]
     assert bytes(region.mapping[1024: 1024 + 4 * DIM * 4]) == packed.embeddings.data
 
 
@@ -145,6 +146,7 @@ def test_unregister_while_a_request_writes_is_safe(tiny_repo: Path) -> None:
             wire = client.embed(ids=IDS)
             (placed,) = result
             assert placed.array.tobytes() == wire.array.tobytes()  # type: ignore[attr-defined]
-            del placed, result
+            result.clear()  # the region can close only once no array views it
+            del placed
     finally:
         handle.stop()
