@@ -31,11 +31,15 @@ function stubs() {
 
 /**
  * A client for one service. `options.credentials` defaults to plaintext (local servers);
- * pass grpc.credentials.createSsl(...) for TLS.
+ * pass grpc.credentials.createSsl(...) for TLS. `options.channelOptions` go to grpc-js.
  */
 function connect(service, target, options = {}) {
   const Service = stubs()[service];
-  return new Service(target, options.credentials || grpc.credentials.createInsecure());
+  // No client-side cap on response size (grpc-js defaults to 4 MiB): the server already
+  // refuses, with RESOURCE_EXHAUSTED, a response over its own --max-message-bytes.
+  const channelOptions = { 'grpc.max_receive_message_length': -1, ...options.channelOptions };
+  return new Service(target, options.credentials || grpc.credentials.createInsecure(),
+    channelOptions);
 }
 
 function deadline(options) {
