@@ -33,6 +33,7 @@ proto-check: setup
 
 bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/results/)
 	@$(PY) -m bench
+	@$(PY) -m bench.scaling
 	@$(PY) -m bench.footprint
 
 clean:
