@@ -7,6 +7,7 @@ SHELL := /bin/bash
 
 setup:           ## dev environment: runtime + tests, lint, proto tools (idempotent)
 	@scripts/setup.sh dev
+	@scripts/setup_node.sh
 
 setup-runtime:   ## runtime environment only
 	@scripts/setup.sh runtime
