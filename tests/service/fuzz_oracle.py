@@ -9,7 +9,7 @@ so a torch or codec cast bug cannot hide behind the same bug in the oracle.
 Precedence when one request breaks several rules (the order the contract reads in: who
 serves it, what is asked, can this model do it, then the inputs):
 transport size → NOT_FOUND → unknown enum (INVALID_ARGUMENT) → FAILED_PRECONDITION →
-the inputs (INVALID_ARGUMENT).
+the inputs (INVALID_ARGUMENT) → the shared-memory output (none is registered here).
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ class Oracle:
             name = self._header(req, req.ByteSize() if wire_size is None else wire_size)
             seq = self._fit(self._tokens(req, req.allow_special_tokens, "input"),
                             req.start_position, req.truncate, "input")
+            self._output(req)
         except Refused as r:
             return Outcome(r.code, r.hints)
         return Outcome(Code.OK, model=name, seqs=(seq,))
@@ -130,6 +131,7 @@ class Oracle:
             total = sum(len(s.ids) for s in seqs)
             if total > MAX_TOKENS:  # the cap is per request: a batch is one request
                 raise Refused(Code.INVALID_ARGUMENT, f"inputs have {total} tokens in all")
+            self._output(req)
         except Refused as r:
             return Outcome(r.code, r.hints)
         return Outcome(Code.OK, model=name, seqs=tuple(seqs))
@@ -183,6 +185,14 @@ class Oracle:
                 raise Refused(Code.INVALID_ARGUMENT,
                               f"{where}.token_ids.ids[{j}]={v} is out of range")
         return ids
+
+    @staticmethod
+    def _output(req: pb.EmbedRequest | pb.EmbedBatchRequest) -> None:
+        # The fuzz server has no shared-memory region registered: any named one is unknown.
+        if req.HasField("output"):
+            if not req.output.region:
+                raise Refused(Code.INVALID_ARGUMENT, "output.region")
+            raise Refused(Code.NOT_FOUND, f"region {req.output.region!r} is not registered")
 
     @staticmethod
     def _fit(ids: list[int], start: int, truncate: int, where: str) -> Seq:

@@ -78,7 +78,8 @@ def set_input(draw: st.DrawFn, msg: Any, wild: Wild, max_ids: int, huge: int) ->
     kind = draw(st.sampled_from(kinds))
     if kind == "ids":
         ids = (draw(st.lists(IDS | BAD_IDS, max_size=max_ids)
-                    | st.builds(lambda n, v: [v] * n, st.integers(max_ids, huge), IDS | BAD_IDS))
+                    | st.builds(lambda n, v: [v] * n, st.integers(max_ids, max(max_ids, huge)),
+                                IDS | BAD_IDS))
                if "input" in wild else draw(st.lists(IDS, max_size=max_ids)))
         msg.token_ids.ids.extend(ids)  # an empty list still sets the oneof
     elif kind == "text":
@@ -161,7 +162,7 @@ def tagged(number: int, payload: bytes | int) -> bytes:
 @st.composite
 def wire_field(draw: st.DrawFn) -> bytes:
     """One hand-built field of an EmbedRequest: known or unknown number, any wire value."""
-    kind = draw(st.sampled_from(["varint", "string", "ids", "garbage"]))
+    kind = draw(st.sampled_from(["varint", "string", "ids", "output", "garbage"]))
     if kind == "varint":  # enums and start_position past 32 bits, version past int64
         return tagged(draw(st.integers(1, 12)),
                       draw(st.sampled_from([0, 1, 2, 3, 2**32 + 1, 2**63, 2**64 - 1])
@@ -169,7 +170,11 @@ def wire_field(draw: st.DrawFn) -> bytes:
     if kind == "string":  # model, text, request_id, a wrong-type token_ids, an unknown field
         payload = draw(st.sampled_from([*BAD_UTF8, b"tiny", b"rope", b"<|endoftext|>"])
                        | st.text(max_size=8).map(str.encode) | st.binary(max_size=6))
-        return tagged(draw(st.sampled_from([1, 3, 10, 4, 11])), payload)
+        return tagged(draw(st.sampled_from([1, 3, 10, 4, 12])), payload)
+    if kind == "output":  # a shared-memory output naming a region (none is registered);
+        # an empty name is a known bug with its own regression test, so not drawn here
+        region = draw(st.sampled_from(["nope", "r0"]) | st.text(min_size=1, max_size=6))
+        return tagged(11, tagged(1, region.encode()) + tagged(2, draw(st.integers(0, 2**64 - 1))))
     if kind == "ids":  # TokenIds, packed or not; repeated token_ids fields merge
         ids = draw(st.lists(IDS | BAD_IDS, max_size=8))
         inner = (tagged(1, b"".join(varint(i) for i in ids)) if draw(st.booleans())

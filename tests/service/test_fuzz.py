@@ -20,6 +20,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
+from client import EmbeddingClient
+from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
@@ -215,7 +217,7 @@ DECODE_ERROR = ("Unexpected <class 'google.protobuf.message.DecodeError'>: Error
 
 @FUZZ
 @given(raw=st.builds(lambda base, fields: base + b"".join(fields),  # concatenation merges
-                     st.just(b"") | embed_requests(huge=50).map(pb.EmbedRequest.SerializeToString),
+                     st.just(b"") | embed_requests(huge=100).map(pb.EmbedRequest.SerializeToString),
                      st.lists(wire_field(), max_size=4)))
 def test_embed_raw_bytes(channel: grpc.Channel, stub: pb_grpc.EmbeddingServiceStub,
                          oracle: Oracle, raw: bytes) -> None:
@@ -315,3 +317,35 @@ def test_batch_position_errors_name_the_input(stub: pb_grpc.EmbeddingServiceStub
             stub.EmbedBatch(req, timeout=10)
         assert info.value.code() == Code.INVALID_ARGUMENT
         assert "inputs[1]" in info.value.details(), info.value.details()
+
+
+def test_an_output_without_a_region_name_is_invalid(
+        fuzz_server: ServerHandle, stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle) -> None:
+    """``output {}`` (set, with an empty region name) is INVALID_ARGUMENT naming the field,
+    whatever regions are registered, and writes nowhere.
+
+    Found while fuzzing the new ``output`` field: the registry's ``regions("")`` means "every
+    region" and ``rows()`` unpacks that as one, so with no region registered the request is
+    INTERNAL (a ValueError), and with exactly one its rows silently go into that region.
+    """
+    requests = [(stub.Embed, ids(1, 2, output=pb.SharedMemoryOutput())),
+                (stub.EmbedBatch, batch(span(2), output=pb.SharedMemoryOutput()))]
+
+    def refused_everywhere() -> None:
+        for rpc, req in requests:
+            with pytest.raises(grpc.RpcError) as info:
+                rpc(req, timeout=10)
+            assert info.value.code() == Code.INVALID_ARGUMENT, info.value.details()
+            assert "output.region" in info.value.details()
+
+    refused_everywhere()  # no region registered
+    with (SharedMemoryRegion("fuzz-only", 4096) as region,
+          EmbeddingClient(fuzz_server.target) as client):
+        client.register_shared_memory(region)
+        try:
+            before = bytes(region.mapping)
+            refused_everywhere()  # one region registered: it must not be the target
+            assert bytes(region.mapping) == before
+        finally:
+            client.unregister_shared_memory(region.name)
+    still_serves(stub, oracle)
