@@ -1,4 +1,5 @@
-"""An independent oracle for the fuzz tests: the status and the exact answer for a request.
+"""An independent oracle for the fuzz tests: the status and the exact answer for a request,
+and the checks that hold a server's answer to it.
 
 Written from the contract (ARCHITECTURE.md's status table, docs/service.md, the proto), not
 from ``service/``: it never calls the service's validation, tokenizer or tables code. The
@@ -16,15 +17,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import numpy as np
 import tiktoken
 from grpc import StatusCode as Code
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from tests.tiny_model import MAX_SEQ_LEN, TRAINED_ROWS, VOCAB_SIZE, tiny_tables
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from tests.tiny_model import DIM, MAX_SEQ_LEN, TRAINED_ROWS, VOCAB_SIZE, tiny_tables
 
 # The fuzz server's limits: small enough that every limit is reachable by a cheap example.
 MAX_TEXT_BYTES = 256
@@ -239,3 +243,43 @@ def wire_bytes(rows: np.ndarray, dtype: int) -> bytes:
     bits = rows.view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     return rounded.astype("<u2").tobytes()
+
+
+# -- holding the server's answers to the oracle -----------------------------------------
+
+GOOD = pb.EmbedRequest(text="hello world", start_position=3, request_id="good")
+SERVICE = "/embedding.v1.EmbeddingService/"
+
+
+def raw_rpc(channel: grpc.Channel, method: str) -> Callable[..., bytes]:
+    """A unary call that sends and returns bytes as they are (no protobuf on our side)."""
+    return channel.unary_unary(SERVICE + method, request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+
+
+def refused(err: grpc.RpcError, outcome: Outcome) -> None:
+    """The status is the oracle's and the message names what was wrong."""
+    assert err.code() == outcome.code, (err.details(), outcome)
+    assert any(hint in err.details() for hint in outcome.hints), (err.details(), outcome.hints)
+
+
+def answered(resp: pb.EmbedResponse, req: pb.EmbedRequest, outcome: Outcome,
+             oracle: Oracle) -> None:
+    """An OK Embed answer equals the oracle's, field by field and byte by byte."""
+    assert outcome.code == Code.OK, (outcome, resp.token_ids)
+    (seq,) = outcome.seqs
+    assert list(resp.token_ids) == list(seq.ids)
+    assert (resp.start_position, resp.truncated_tokens) == (seq.start, seq.truncated)
+    assert list(resp.untrained_token_indices) == seq.untrained
+    assert (resp.model, resp.version, resp.checkpoint_id, resp.request_id) == (
+        outcome.model, VERSION, oracle.checkpoint_ids[outcome.model], req.request_id)
+    assert list(resp.embeddings.shape) == [len(seq.ids), DIM]
+    assert resp.embeddings.dtype == req.dtype
+    assert resp.embeddings.data == wire_bytes(oracle.rows(outcome.model, seq, req.compose),
+                                              req.dtype)
+    assert resp.timing.total_ns > 0
+
+
+def still_serves(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle) -> None:
+    """A known-good request after the example gets the right bytes."""
+    answered(stub.Embed(GOOD, timeout=10), GOOD, oracle.embed(GOOD), oracle)

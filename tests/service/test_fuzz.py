@@ -26,12 +26,18 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
 from tests.service.fuzz_oracle import (
+    GOOD,
     MAX_MESSAGE_BYTES,
     SERVER_LIMITS,
+    SERVICE,
     VERSION,
     Code,
     Oracle,
     Outcome,
+    answered,
+    raw_rpc,
+    refused,
+    still_serves,
     wire_bytes,
 )
 from tests.service.fuzz_strategies import (
@@ -47,10 +53,7 @@ from tests.service.fuzz_strategies import (
 )
 from tests.tiny_model import DIM, TABLE_ROWS, VOCAB_SIZE, start
 
-GOOD = pb.EmbedRequest(text="hello world", start_position=3, request_id="good")
-SERVICE = "/embedding.v1.EmbeddingService/"
-
-# -- fixtures and checks ------------------------------------------------------------------
+# -- fixtures ----------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -75,40 +78,6 @@ def stub(channel: grpc.Channel) -> pb_grpc.EmbeddingServiceStub:
 @pytest.fixture(scope="module")
 def oracle(gpt2_ranks: Path, tiny_repo: Path) -> Oracle:
     return Oracle(gpt2_ranks, tiny_repo)
-
-
-def raw_rpc(channel: grpc.Channel, method: str) -> Callable[..., bytes]:
-    """A unary call that sends and returns bytes as they are (no protobuf on our side)."""
-    return channel.unary_unary(SERVICE + method, request_serializer=lambda b: b,
-                               response_deserializer=lambda b: b)
-
-
-def refused(err: grpc.RpcError, outcome: Outcome) -> None:
-    """The status is the oracle's and the message names what was wrong."""
-    assert err.code() == outcome.code, (err.details(), outcome)
-    assert any(hint in err.details() for hint in outcome.hints), (err.details(), outcome.hints)
-
-
-def answered(resp: pb.EmbedResponse, req: pb.EmbedRequest, outcome: Outcome,
-             oracle: Oracle) -> None:
-    """An OK Embed answer equals the oracle's, field by field and byte by byte."""
-    assert outcome.code == Code.OK, (outcome, resp.token_ids)
-    (seq,) = outcome.seqs
-    assert list(resp.token_ids) == list(seq.ids)
-    assert (resp.start_position, resp.truncated_tokens) == (seq.start, seq.truncated)
-    assert list(resp.untrained_token_indices) == seq.untrained
-    assert (resp.model, resp.version, resp.checkpoint_id, resp.request_id) == (
-        outcome.model, VERSION, oracle.checkpoint_ids[outcome.model], req.request_id)
-    assert list(resp.embeddings.shape) == [len(seq.ids), DIM]
-    assert resp.embeddings.dtype == req.dtype
-    assert resp.embeddings.data == wire_bytes(oracle.rows(outcome.model, seq, req.compose),
-                                              req.dtype)
-    assert resp.timing.total_ns > 0
-
-
-def still_serves(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle) -> None:
-    """A known-good request after the example gets the right bytes."""
-    answered(stub.Embed(GOOD, timeout=10), GOOD, oracle.embed(GOOD), oracle)
 
 
 # -- the fuzz tests -----------------------------------------------------------------------
@@ -139,6 +108,7 @@ def still_serves(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle) -> None:
 @example(req=ids(1, model="nope", compose=3))
 @example(req=ids(1, version=2))
 def test_embed(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle, req: pb.EmbedRequest) -> None:
+    """Embed answers every request with the oracle's status, or its exact rows."""
     outcome = oracle.embed(req)
     event(outcome.code.name)  # --hypothesis-show-statistics: how the examples split
     try:
@@ -160,6 +130,7 @@ def test_embed(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle, req: pb.Embed
 @example(req=batch(model="rope", compose=pb.COMPOSE_POSITION_ONLY))
 def test_embed_batch(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle,
                      req: pb.EmbedBatchRequest) -> None:
+    """EmbedBatch is all or nothing: the oracle's status, or every item's exact rows."""
     outcome = oracle.batch(req)
     event(outcome.code.name)
     try:
@@ -195,6 +166,7 @@ def test_embed_batch(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle,
                ids(2)])
 def test_embed_stream(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle,
                       reqs: list[pb.EmbedRequest]) -> None:
+    """EmbedStream answers in order up to the first bad request, then ends with its status."""
     want, end = oracle.stream(reqs)
     event(f"{len(want)} answered, then {end.code.name}")
     got: list[pb.EmbedResponse] = []
