@@ -34,8 +34,10 @@ from tests.tiny_model import DIM, MAX_SEQ_LEN, TRAINED_ROWS, VOCAB_SIZE, tiny_ta
 MAX_TEXT_BYTES = 256
 MAX_TOKENS = 48  # < MAX_SEQ_LEN, so both length limits can be the one that bites
 MAX_MESSAGE_BYTES = 8192  # gRPC's receive cap; every response here is < 5 KB
-SERVER_LIMITS = {"max_text_bytes": MAX_TEXT_BYTES, "max_tokens_per_request": MAX_TOKENS,
-                 "max_message_bytes": MAX_MESSAGE_BYTES}
+# A 1 ms batch delay makes requests in flight together share a batch (mixed models, dtypes,
+# composes): with 0, each of 10 concurrent requests got a batch of its own (measured).
+SERVER_CONFIG = {"max_text_bytes": MAX_TEXT_BYTES, "max_tokens_per_request": MAX_TOKENS,
+                 "max_message_bytes": MAX_MESSAGE_BYTES, "max_batch_delay_us": 1000}
 
 DEFAULT_MODEL = "tiny"
 MODEL_SEEDS = {"tiny": 0, "rope": 1}  # conftest.tiny_repo: "rope" has no position table

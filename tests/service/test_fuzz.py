@@ -28,7 +28,7 @@ from service.server import ServerHandle
 from tests.service.fuzz_oracle import (
     GOOD,
     MAX_MESSAGE_BYTES,
-    SERVER_LIMITS,
+    SERVER_CONFIG,
     SERVICE,
     VERSION,
     Code,
@@ -58,8 +58,8 @@ from tests.tiny_model import DIM, TABLE_ROWS, VOCAB_SIZE, start
 
 @pytest.fixture(scope="module")
 def fuzz_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """A real server over the tiny models with the oracle's limits."""
-    handle = start(tiny_repo, **SERVER_LIMITS)
+    """A real server over the tiny models with the oracle's limits and batching."""
+    handle = start(tiny_repo, **SERVER_CONFIG)
     yield handle
     handle.stop()
 
@@ -180,6 +180,22 @@ def test_embed_stream(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle,
     assert len(got) == len(want)  # in order: each answer checked against its own request
     for resp, req, outcome in zip(got, reqs, want):
         answered(resp, req, outcome, oracle)
+    still_serves(stub, oracle)
+
+
+@FUZZ
+@given(reqs=st.lists(embed_requests(huge=100), min_size=2, max_size=8))
+def test_embed_concurrent(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle,
+                          reqs: list[pb.EmbedRequest]) -> None:
+    """Requests in flight together share batches (mixed models, dtypes, composes, lengths):
+    each still gets exactly its own answer."""
+    futures = [stub.Embed.future(req, timeout=10) for req in reqs]
+    for future, req in zip(futures, reqs):
+        outcome = oracle.embed(req)
+        try:
+            answered(future.result(), req, outcome, oracle)
+        except grpc.RpcError as err:
+            refused(err, outcome)
     still_serves(stub, oracle)
 
 
