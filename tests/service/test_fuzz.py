@@ -4,6 +4,9 @@ Every example is sent to one real server (port 0, the tiny models, small limits 
 limit is reachable) and must get exactly the oracle's status (``fuzz_oracle``); an OK
 answer must match the oracle's rows byte for byte, with its shape, dtype, ids, positions
 and truncation. After every example a known-good request must still get the right bytes.
+Streams and concurrent requests share batches (the server waits 1 ms to batch), so the
+mixed-batch paths are fuzzed too; raw bytes probe what protobuf and gRPC do before the
+service runs. The regressions at the end are bugs this fuzzing found, kept as plain tests.
 
 ``HYPOTHESIS_PROFILE`` picks the budget: ``ci`` (default; derandomized, so CI runs the
 same examples every time) or ``long`` (``make fuzz``).
