@@ -222,3 +222,14 @@ def test_documented_grpc_request_is_accepted_by_the_oip_face() -> None:
     (seq,) = read_input(request, 7)
     assert [int(i) for i in seq.ids] == [464, 3797, 11114, 284, 262]
     assert seq.start_position == 7
+
+
+def test_documented_rest_body_is_the_same_request() -> None:
+    """The REST-shaped body in the doc says the same as the gRPC one (ids and parameters)."""
+    blocks = re.findall(r"```json\n(.*?)```", _kserve_section(), re.S)
+    assert len(blocks) == 1
+    body = json.loads(blocks[0])
+    assert body == {
+        "inputs": [{"name": "input_ids", "shape": [1, 5], "datatype": "INT64",
+                    "data": [464, 3797, 11114, 284, 262]}],
+        "parameters": {"compose": "token_only", "start_position": 7, "datatype": "FP32"}}
