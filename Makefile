@@ -3,10 +3,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SHELL := /bin/bash
 
-.PHONY: setup setup-runtime run model test check proto proto-check bench bench-smoke clean
+.PHONY: setup setup-runtime run model test fuzz check proto proto-check bench bench-smoke clean
 
 setup:           ## dev environment: runtime + tests, lint, proto tools (idempotent)
 	@scripts/setup.sh dev
+	@scripts/setup_node.sh
 
 setup-runtime:   ## runtime environment only
 	@scripts/setup.sh runtime
@@ -22,6 +23,9 @@ test: setup      ## test tools (promtool, k8s validators; no network once there)
 	@scripts/install_k8s_tools.sh >/dev/null
 	@$(PY) -m pytest -q
 
+fuzz: setup      ## the server fuzz tests at length (CI runs a short, fixed profile)
+	@HYPOTHESIS_PROFILE=long $(PY) -m pytest -q --timeout=0 tests/service/test_fuzz.py
+
 check: setup proto-check  ## ruff + mypy
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy
@@ -34,6 +38,7 @@ proto-check: setup
 
 bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/results/)
 	@$(PY) -m bench
+	@$(PY) -m bench.scaling
 	@$(PY) -m bench.footprint
 
 clean:

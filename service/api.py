@@ -176,12 +176,12 @@ class EmbeddingService:
                                     start_position=inp.start_position))
             admission = await self.admitter.admit(_options(request), inputs)
             model = admission.model
-            fitted = admission.sequences
-            offsets = np.cumsum([0] + [len(f.ids) for f in fitted]).tolist()
-            items = [pb.BatchItem(token_ids=f.ids.tolist(), start_position=f.start_position,
+            offsets = np.cumsum([0, *admission.lengths]).tolist()
+            untrained = self.admitter.untrained_per_sequence(admission)
+            items = [pb.BatchItem(token_ids=f.ids.numpy(), start_position=f.start_position,
                                   truncated_tokens=f.truncated_tokens,
-                                  untrained_token_indices=self.admitter.untrained(model, f.ids))
-                     for f in fitted]
+                                  untrained_token_indices=u)
+                     for f, u in zip(admission.sequences, untrained)]
             fields = pb.EmbedBatchResponse(
                 offsets=offsets, items=items, model=model.name, version=model.version,
                 checkpoint_id=model.checkpoint_id, request_id=request.request_id)
