@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -77,11 +77,18 @@ class Admission:
     options: Options
     sequences: list[Fitted]
     tokenize_ns: int
+    lengths: list[int] = field(init=False)  # T of each sequence
+    tokens: int = field(init=False)  # rows in all: ΣT
+
+    def __post_init__(self) -> None:
+        self.lengths = [int(f.ids.shape[0]) for f in self.sequences]
+        self.tokens = sum(self.lengths)
 
     @property
-    def tokens(self) -> int:
-        """Rows in all: ΣT."""
-        return sum(len(f.ids) for f in self.sequences)
+    def ids(self) -> torch.Tensor:
+        """Every sequence's ids, concatenated (N,)."""
+        seqs = self.sequences
+        return seqs[0].ids if len(seqs) == 1 else torch.cat([f.ids for f in seqs])
 
     @property
     def itemsize(self) -> int:
@@ -91,10 +98,15 @@ class Admission:
     def job(self, dest: Destination, start_ns: int, deadline: float | None,
             sequences: Sequence[Fitted] | None = None) -> Job:
         """The batcher job writing ``sequences`` (default: all, packed) into ``dest``."""
-        seqs = self.sequences if sequences is None else sequences
-        ids = seqs[0].ids if len(seqs) == 1 else torch.cat([f.ids for f in seqs])  # (N,)
-        return Job(self.model.tables, ids, [(f.start_position, len(f.ids)) for f in seqs],
-                   self.options.compose, dest, start_ns, self.tokenize_ns, deadline)
+        if sequences is None:
+            ids, lengths, seqs = self.ids, self.lengths, self.sequences  # (N,)
+        else:
+            seqs = list(sequences)
+            ids = seqs[0].ids if len(seqs) == 1 else torch.cat([f.ids for f in seqs])
+            lengths = [int(f.ids.shape[0]) for f in seqs]
+        spans = [(f.start_position, n) for f, n in zip(seqs, lengths)]
+        return Job(self.model.tables, ids, spans, self.options.compose, dest, start_ns,
+                   self.tokenize_ns, deadline)
 
 
 class Admitter:
@@ -116,11 +128,17 @@ class Admitter:
         check_compose(options.compose, model)
         if not inputs:
             raise InvalidArgument("inputs is empty: give at least one input")
-        if len(inputs) == 1:  # the common case: no gather, no extra task
-            tokenized = [await self._tokens(model, inputs[0], options.allow_special_tokens)]
-        else:
-            tokenized = list(await asyncio.gather(*(
-                self._tokens(model, inp, options.allow_special_tokens) for inp in inputs)))
+        texts = [i for i, inp in enumerate(inputs) if inp.text is not None]
+        if len(texts) <= 1:  # ids are checked inline; one text needs no gather either
+            tokenized = [await self._tokens(model, inp, options.allow_special_tokens)
+                         for inp in inputs]
+        else:  # texts tokenize in parallel on the pool
+            encoded = await asyncio.gather(*(
+                self._tokens(model, inputs[i], options.allow_special_tokens) for i in texts))
+            by_index = dict(zip(texts, encoded))
+            tokenized = [by_index[i] if i in by_index
+                         else await self._tokens(model, inp, options.allow_special_tokens)
+                         for i, inp in enumerate(inputs)]
         sequences = [fit_length(ids, inp.start_position, options.truncate, model, self.limits,
                                 inp.field) for (ids, _), inp in zip(tokenized, inputs)]
         admission = Admission(model, options, sequences, sum(ns for _, ns in tokenized))
@@ -157,6 +175,20 @@ class Admitter:
         if idx:
             self._metrics.untrained_lookups.labels(model.name).inc(len(idx))
         return idx
+
+    def untrained_per_sequence(self, admission: Admission) -> list[list[int]]:
+        """``untrained`` for each sequence, from one lookup over all of them."""
+        B = len(admission.sequences)
+        if admission.model.untrained is None:
+            return [[] for _ in range(B)]
+        flat = self.untrained(admission.model, admission.ids)  # indices into the N rows
+        out: list[list[int]] = [[] for _ in range(B)]
+        if flat:
+            starts = np.cumsum([0, *admission.lengths[:-1]])
+            owner = np.searchsorted(starts, flat, side="right") - 1  # sequence of each row
+            for row, b in zip(flat, owner.tolist()):
+                out[b].append(row - int(starts[b]))
+        return out
 
     def account(self, admission: Admission, job: Job) -> None:
         """Record a finished job's tokens, bytes and queue time (on the event loop)."""

@@ -27,6 +27,7 @@ from service.batcher import Batcher
 from service.errors import EmbedError, Unauthenticated, Unavailable, status_for
 from service.metrics import Metrics
 from service.repository import LoadedModel, Repository
+from service.shm import SharedMemoryRegistry, ShmDestination
 from service.validation import Limits, check_ids, check_text
 
 __all__ = ["SERVICE_NAME", "UNKNOWN_MODEL", "EmbeddingService"]
@@ -49,8 +50,10 @@ class EmbeddingService:
     """Implements embedding.v1.EmbeddingService on a repository and a batcher."""
 
     def __init__(self, repo: Repository, batcher: Batcher, metrics: Metrics, limits: Limits,
-                 tokenize_pool: ThreadPoolExecutor, auth_token: str = "") -> None:
+                 tokenize_pool: ThreadPoolExecutor, auth_token: str = "",
+                 shm: SharedMemoryRegistry | None = None) -> None:
         self.repo = repo
+        self.shm = shm if shm is not None else SharedMemoryRegistry()
         self.batcher = batcher
         self.metrics = metrics
         self.limits = limits
@@ -69,10 +72,10 @@ class EmbeddingService:
         if self.draining:
             raise Unavailable("server is draining for shutdown; retry on another replica")
 
-    async def _call(self, rpc: str, model: str, request_id: str,
+    async def call(self, rpc: str, model: str, request_id: str,
                     context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[Any]],
                     in_stream: bool = False) -> Any:
-        """Run one request's body with admission, metrics and the status mapping.
+        """Run one request's body (any front's) with admission, metrics and the status mapping.
 
         A failure aborts the RPC, except ``in_stream``: then it is raised as ``_Status``
         for the stream to abort with once the answers before it are out.
@@ -103,7 +106,8 @@ class EmbeddingService:
             self.metrics.requests.labels(rpc, label, code.name).inc()
             self.metrics.request_duration.labels(rpc, label).observe(time.perf_counter() - t0)
 
-    def _deadline(self, context: grpc.aio.ServicerContext) -> float | None:
+    def deadline(self, context: grpc.aio.ServicerContext) -> float | None:
+        """The RPC's deadline as time.monotonic() seconds (None = no deadline)."""
         remaining = context.time_remaining()
         return None if remaining is None else time.monotonic() + remaining
 
@@ -127,14 +131,26 @@ class EmbeddingService:
             truncated_tokens=fitted.truncated_tokens,
             untrained_token_indices=self.admitter.untrained(model, fitted.ids),
             request_id=request.request_id)
-        return await self._run(admission, fields, context, t0)
+        return await self._run(admission, fields, context, t0, _shm_output(request))
 
     async def _run(self, admission: Admission, fields: Any,
-                   context: grpc.aio.ServicerContext, t0: int) -> bytes:
-        """Plan the response, batch the lookup into it, account for it."""
-        reply = codec.Reply(fields, (admission.tokens, admission.model.tables.dim),
-                            admission.options.dtype)
-        job = admission.job(reply.allocate(), t0, self._deadline(context))
+                   context: grpc.aio.ServicerContext, t0: int,
+                   output: pb.SharedMemoryOutput | None = None) -> bytes:
+        """Plan where the rows go (the response bytes, or a shared-memory region), batch
+        the lookup into it, account for it."""
+        shape = (admission.tokens, admission.model.tables.dim)
+        dest: codec.ResponseWriter | ShmDestination
+        if output is None:
+            dest = codec.Reply(fields, shape, admission.options.dtype).allocate()
+        else:
+            rows = self.shm.rows(output.region, output.offset, shape,
+                                 codec.DTYPES[admission.options.dtype], "output")
+            fields.embeddings.shape[:] = shape
+            fields.embeddings.dtype = admission.options.dtype
+            fields.output.region, fields.output.offset = output.region, output.offset
+            fields.output.byte_size = rows.numel() * rows.element_size()
+            dest = ShmDestination(rows, lambda timing: _with_timing(fields, timing))
+        job = admission.job(dest, t0, self.deadline(context))
         data: bytes = await self.batcher.submit(job)
         tracing.record(admission, job, fields.request_id)  # tracing: spans from job.timing
         self.admitter.account(admission, job)
@@ -144,7 +160,7 @@ class EmbeddingService:
                     context: grpc.aio.ServicerContext) -> bytes:
         """One sequence → [T, C]."""
         t0 = time.perf_counter_ns()
-        return await self._call("Embed", request.model, request.request_id, context,
+        return await self.call("Embed", request.model, request.request_id, context,
                                 lambda: self._embed_one(request, context, t0))
 
     async def EmbedBatch(self, request: pb.EmbedBatchRequest,
@@ -161,18 +177,18 @@ class EmbeddingService:
                                     start_position=inp.start_position))
             admission = await self.admitter.admit(_options(request), inputs)
             model = admission.model
-            fitted = admission.sequences
-            offsets = np.cumsum([0] + [len(f.ids) for f in fitted]).tolist()
-            items = [pb.BatchItem(token_ids=f.ids.tolist(), start_position=f.start_position,
+            offsets = np.cumsum([0, *admission.lengths]).tolist()
+            untrained = self.admitter.untrained_per_sequence(admission)
+            items = [pb.BatchItem(token_ids=f.ids.numpy(), start_position=f.start_position,
                                   truncated_tokens=f.truncated_tokens,
-                                  untrained_token_indices=self.admitter.untrained(model, f.ids))
-                     for f in fitted]
+                                  untrained_token_indices=u)
+                     for f, u in zip(admission.sequences, untrained)]
             fields = pb.EmbedBatchResponse(
                 offsets=offsets, items=items, model=model.name, version=model.version,
                 checkpoint_id=model.checkpoint_id, request_id=request.request_id)
-            return await self._run(admission, fields, context, t0)
+            return await self._run(admission, fields, context, t0, _shm_output(request))
 
-        return await self._call("EmbedBatch", request.model, request.request_id, context, body)
+        return await self.call("EmbedBatch", request.model, request.request_id, context, body)
 
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest],
                           context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -185,7 +201,7 @@ class EmbeddingService:
         async def read() -> None:
             async for request in requests:
                 t0 = time.perf_counter_ns()
-                await window.put(asyncio.ensure_future(self._call(
+                await window.put(asyncio.ensure_future(self.call(
                     "EmbedStream", request.model, request.request_id, context,
                     lambda r=request, t=t0: self._embed_one(r, context, t),  # type: ignore[misc]
                     in_stream=True)))
@@ -220,7 +236,7 @@ class EmbeddingService:
             return pb.TokenizeResponse(token_ids=ids, tokens=model.tokenizer.token_bytes(ids),
                                        model=model.name, version=model.version)
 
-        return await self._call("Tokenize", request.model, "", context, body)
+        return await self.call("Tokenize", request.model, "", context, body)
 
     async def Detokenize(self, request: pb.DetokenizeRequest,
                          context: grpc.aio.ServicerContext) -> pb.DetokenizeResponse:
@@ -232,7 +248,7 @@ class EmbeddingService:
             return pb.DetokenizeResponse(text=model.tokenizer.decode(ids.tolist()),
                                          model=model.name, version=model.version)
 
-        return await self._call("Detokenize", request.model, "", context, body)
+        return await self.call("Detokenize", request.model, "", context, body)
 
     async def ListModels(self, request: pb.ListModelsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
@@ -242,7 +258,7 @@ class EmbeddingService:
             infos = [self.model_info(models[name]) for name in sorted(models)]
             return pb.ListModelsResponse(models=infos)
 
-        return await self._call("ListModels", "", "", context, body)
+        return await self.call("ListModels", "", "", context, body)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> pb.ModelInfo:
@@ -250,7 +266,41 @@ class EmbeddingService:
         async def body() -> pb.ModelInfo:
             return self.model_info(self.repo.get(request.model, request.version))
 
-        return await self._call("GetModelInfo", request.model, "", context, body)
+        return await self.call("GetModelInfo", request.model, "", context, body)
+
+    # -- shared-memory regions ------------------------------------------------------------
+
+    async def RegisterSharedMemory(self, request: pb.RegisterSharedMemoryRequest,
+                                   context: grpc.aio.ServicerContext
+                                   ) -> pb.RegisterSharedMemoryResponse:
+        """Map a client's /dev/shm object so requests can name it as their output."""
+        async def body() -> pb.RegisterSharedMemoryResponse:
+            r = request.region
+            self.shm.register(r.name, r.key, r.offset, r.byte_size)
+            return pb.RegisterSharedMemoryResponse()
+
+        return await self.call("RegisterSharedMemory", "", "", context, body)
+
+    async def UnregisterSharedMemory(self, request: pb.UnregisterSharedMemoryRequest,
+                                     context: grpc.aio.ServicerContext
+                                     ) -> pb.UnregisterSharedMemoryResponse:
+        """Forget a region ("" = all); requests already writing to it finish safely."""
+        async def body() -> pb.UnregisterSharedMemoryResponse:
+            self.shm.unregister(request.name)
+            return pb.UnregisterSharedMemoryResponse()
+
+        return await self.call("UnregisterSharedMemory", "", "", context, body)
+
+    async def ListSharedMemory(self, request: pb.ListSharedMemoryRequest,
+                               context: grpc.aio.ServicerContext
+                               ) -> pb.ListSharedMemoryResponse:
+        """Every registered region."""
+        async def body() -> pb.ListSharedMemoryResponse:
+            return pb.ListSharedMemoryResponse(regions=[
+                pb.SharedMemoryRegion(name=r.name, key=r.key, offset=r.offset,
+                                      byte_size=r.byte_size) for r in self.shm.regions()])
+
+        return await self.call("ListSharedMemory", "", "", context, body)
 
     def model_info(self, model: LoadedModel) -> pb.ModelInfo:
         """The ModelInfo message for a loaded model."""
@@ -286,10 +336,29 @@ class EmbeddingService:
             "Detokenize": unary(self.Detokenize, pb.DetokenizeRequest, False),
             "ListModels": unary(self.ListModels, pb.ListModelsRequest, False),
             "GetModelInfo": unary(self.GetModelInfo, pb.GetModelInfoRequest, False),
+            "RegisterSharedMemory": unary(self.RegisterSharedMemory,
+                                          pb.RegisterSharedMemoryRequest, False),
+            "UnregisterSharedMemory": unary(self.UnregisterSharedMemory,
+                                            pb.UnregisterSharedMemoryRequest, False),
+            "ListSharedMemory": unary(self.ListSharedMemory, pb.ListSharedMemoryRequest, False),
         })
 
 
 def _options(request: pb.EmbedRequest | pb.EmbedBatchRequest) -> Options:
     """The request-wide settings of an Embed or EmbedBatch request."""
     return Options(request.model, request.version, request.compose, request.dtype,
-                   request.truncate, request.allow_special_tokens)
+                   request.truncate, request.allow_special_tokens,
+                   in_message=not request.HasField("output"))
+
+
+def _shm_output(request: pb.EmbedRequest | pb.EmbedBatchRequest
+                ) -> pb.SharedMemoryOutput | None:
+    return request.output if request.HasField("output") else None
+
+
+def _with_timing(fields: Any, timing: Any) -> bytes:
+    """A shared-memory response: the small fields plus the timing, serialised."""
+    fields.timing.CopyFrom(pb.Timing(queue_ns=timing.queue_ns, tokenize_ns=timing.tokenize_ns,
+                                     compute_ns=timing.compute_ns, total_ns=timing.total_ns))
+    data: bytes = fields.SerializeToString()
+    return data
