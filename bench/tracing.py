@@ -1,7 +1,8 @@
 """What tracing costs per request: the same in-process loop with tracing off and on.
 
-Three servers over one GPT-2-sized checkpoint (C=768), each on its own event-loop thread
-in this process, take the same sequential Embed requests from a client in this process:
+Two servers over one GPT-2-sized checkpoint (C=768), each on its own event-loop thread in
+this process, take the same sequential Embed requests from a client in this process, in
+three settings:
 
 - ``off``: no ``--otlp-endpoint`` (the default): no interceptor, no exporter.
 - ``on``: ``--otlp-endpoint`` set, ratio 1.0, the real OTLP/gRPC exporter sending every
@@ -9,8 +10,9 @@ in this process, take the same sequential Embed requests from a client in this p
 - ``on, unsampled``: tracing on, every request carrying an unsampled ``traceparent``.
 
 Rounds alternate between the servers so drift on a shared machine hits all of them;
-the figure is the median over rounds of each round's mean latency. Also times
-``tracing.record`` with tracing off (what the servicer's hook costs a request then).
+the figures are medians over rounds of each round's mean wall time, process CPU time, and
+event-loop CPU time inside tracing's own code. Also times ``tracing.record`` with tracing
+off (what the servicer's hook costs a request then).
 
     .venv/bin/python -m bench.tracing [--requests 500] [--rounds 7] [--text "hello world"]
 """
