@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service import codec
+from service import codec, tracing
 from service.admission import Admission, Admitter, Input, Options
 from service.batcher import Batcher
 from service.errors import EmbedError, Unauthenticated, Unavailable, status_for
@@ -154,6 +154,7 @@ class EmbeddingService:
             dest = ShmDestination(rows, lambda timing: _with_timing(fields, timing))
         job = admission.job(dest, t0, self.deadline(context))
         data: bytes = await self.batcher.submit(job)
+        tracing.record(admission, job, fields.request_id)  # tracing: spans from job.timing
         self.admitter.account(admission, job)
         return data
 

@@ -74,6 +74,7 @@ class Job:
     queue_ns: int = field(init=False, default=0)  # submit → batch start
     batch_tokens: int = field(init=False, default=0)
     batch_requests: int = field(init=False, default=0)
+    timing: Timing | None = field(init=False, default=None)  # set at finish (for tracing)
 
     def __post_init__(self) -> None:
         self.tokens = int(self.ids.shape[0])
@@ -231,5 +232,7 @@ class Batcher:
         (just before the group's lookup)."""
         now = time.perf_counter_ns()
         job.queue_ns = start_ns - job.enqueued_ns
-        return job.dest.finish(Timing(job.queue_ns, job.tokenize_ns, now - t0,
-                                      now - job.start_ns))
+        # Kept on the job so the event loop can lay out the request's trace spans later;
+        # this thread never touches tracing.
+        job.timing = Timing(job.queue_ns, job.tokenize_ns, now - t0, now - job.start_ns)
+        return job.dest.finish(job.timing)
