@@ -278,3 +278,26 @@ def test_shutdown_does_not_wait_for_a_collector_that_is_down() -> None:
     tracing.shutdown(tracing.Tracing(provider, provider.get_tracer("t")), timeout=0.3)
     assert time.monotonic() - t0 < 2.0  # not the exporter's 5 s
     assert stuck.exported.wait(5)  # the flush did try
+
+
+def test_oip_model_infer_has_the_same_children(traced: Traced) -> None:
+    """The OIP face goes through the same batcher: its span has queue/compute/write."""
+    from genproto.inference.v2 import grpc_service_pb2 as oip
+    from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
+
+    tensor = oip.ModelInferRequest.InferInputTensor(
+        name="input_ids", datatype="INT64", shape=[1, 3],
+        contents=oip.InferTensorContents(int64_contents=[1, 2, 3]))
+    with grpc.insecure_channel(traced.handle.target) as channel, \
+            CLIENT.start_as_current_span("client") as client:
+        oip_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            oip.ModelInferRequest(model_name="tiny", id="oip-1", inputs=[tensor]),
+            metadata=traceparent())
+    spans = traced.spans(4)
+    (server,) = [s for s in spans if s.kind == SpanKind.SERVER]
+    assert server.name == "inference.GRPCInferenceService/ModelInfer"
+    assert server.parent is not None
+    assert server.parent.span_id == client.get_span_context().span_id
+    attributes = server.attributes or {}
+    assert (attributes["embed.tokens"], attributes["embed.request_id"]) == (3, "oip-1")
+    assert [k.name for k in children(spans, server)] == ["queue", "compute", "write"]
