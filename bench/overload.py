@@ -1,0 +1,179 @@
+"""Overload: past its queue budget, a server must refuse fast with RESOURCE_EXHAUSTED.
+
+    python -m bench.overload [--max-queue-tokens 512] [--concurrency 64] [--seconds 5]
+
+One server (``python -m service``, one worker) with a small ``--max-queue-tokens``; one
+grpc.aio client process on loopback. Two phases on the same server, back to back:
+
+* baseline: one request in flight at a time (unloaded);
+* overload: ``--concurrency`` requests in flight, far more tokens than the queue admits.
+
+Every request is T tokens (``--tokens``). Reported: p50/p99 of accepted requests in both
+phases, and p50/p99 of the rejections (RESOURCE_EXHAUSTED, measured at the client: call
+to status) against the target p99 < 5 ms. Latencies of the first ``--warmup`` seconds of a
+phase are not counted. Writes ``<out>/overload.json`` and prints one table row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from bench.model import VOCAB_SIZE, ensure_model
+from bench.servers import GLIBC_TUNABLES, ServerProcess, free_port, stop_servers, wait_serving
+from bench.soak_report import percentile
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+
+__all__ = ["TARGET_REJECT_P99_MS", "format_row", "main", "run_overload"]
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_REJECT_P99_MS = 5.0
+_OK, _FULL = grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The bench's flags."""
+    p = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-queue-tokens", type=int, default=512)
+    p.add_argument("--tokens", type=int, default=128, help="T of every request")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per phase")
+    p.add_argument("--warmup", type=float, default=0.5)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--model-cache", type=Path,
+                   default=ROOT / "bench" / "results" / ".model-overload")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra flag for python -m service (repeatable)")
+    return p.parse_args(argv)
+
+
+def _launch(args: argparse.Namespace, repo: Path) -> ServerProcess:
+    import subprocess
+    import sys
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
+    batch = min(args.max_queue_tokens, 16384)  # the server needs batch <= queue budget
+    argv = [sys.executable, "-m", "service", "--model-repository", str(repo / "models"),
+            "--host", "127.0.0.1", "--grpc-port", str(port), "--metrics-port", "-1",
+            "--device", "cpu", "--poll-seconds", "0", "--max-queue-tokens",
+            str(args.max_queue_tokens), "--max-batch-tokens", str(batch), *args.server_arg]
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "overload-server.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    return ServerProcess("service", f"127.0.0.1:{port}", proc, log)
+
+
+async def _phase(target: str, requests: list[pb.EmbedRequest], concurrency: int,
+                 warmup: float, seconds: float) -> dict[str, Any]:
+    """``concurrency`` closed loops for warmup + seconds; latencies (ms) by outcome."""
+    ok: list[float] = []
+    full: list[float] = []
+    other: dict[str, int] = {}
+    async with grpc.aio.insecure_channel(target) as channel:
+        await asyncio.wait_for(channel.channel_ready(), timeout=30)
+        embed = pb_grpc.EmbeddingServiceStub(channel).Embed
+        start = time.perf_counter() + warmup
+        end = start + seconds
+
+        async def loop(k: int) -> None:
+            i = k
+            while (sent := time.perf_counter()) < end:
+                try:
+                    await embed(requests[i % len(requests)], timeout=30)
+                    code = _OK
+                except grpc.RpcError as e:
+                    code = e.code()
+                done = time.perf_counter()
+                i += 1
+                if sent < start:
+                    continue  # warm-up
+                if code == _OK:
+                    ok.append((done - sent) * 1e3)
+                elif code == _FULL:
+                    full.append((done - sent) * 1e3)
+                else:
+                    other[code.name] = other.get(code.name, 0) + 1
+
+        await asyncio.gather(*(loop(k) for k in range(concurrency)))
+    n = len(ok) + len(full) + sum(other.values())
+    return {"concurrency": concurrency, "seconds": seconds, "requests": n,
+            "accepted": len(ok), "rejected": len(full), "other_codes": other,
+            "accepted_req_s": len(ok) / seconds,
+            "accepted_p50_ms": percentile(ok, 0.5), "accepted_p99_ms": percentile(ok, 0.99),
+            "rejected_p50_ms": percentile(full, 0.5), "rejected_p99_ms": percentile(full, 0.99),
+            "rejected_max_ms": max(full, default=float("nan"))}
+
+
+def run_overload(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the server, run baseline then overload, stop it; write overload.json."""
+    repo = ensure_model(args.model_cache, args.dim, max(1024, args.tokens))
+    rng = random.Random(0)
+    requests = [pb.EmbedRequest(token_ids=pb.TokenIds(
+        ids=[rng.randrange(VOCAB_SIZE) for _ in range(args.tokens)])) for _ in range(8)]
+    server = _launch(args, repo)
+    try:
+        wait_serving(server, 120)
+        baseline = asyncio.run(_phase(server.target, requests, 1, args.warmup, args.seconds))
+        overload = asyncio.run(_phase(server.target, requests, args.concurrency, args.warmup,
+                                      args.seconds))
+    finally:
+        stop_servers({"service": server})
+    reject_p99 = overload["rejected_p99_ms"]
+    report = {
+        "config": {"max_queue_tokens": args.max_queue_tokens, "T": args.tokens,
+                   "C": args.dim, "concurrency": args.concurrency, "seconds": args.seconds,
+                   "warmup": args.warmup, "server_args": args.server_arg,
+                   "cpus": os.cpu_count(), "loadavg": round(os.getloadavg()[0], 2)},
+        "baseline": baseline, "overload": overload,
+        "target": {"name": "rejection p99 < 5 ms", "value": reject_p99,
+                   "bound": TARGET_REJECT_P99_MS,
+                   "met": bool(overload["rejected"]) and reject_p99 < TARGET_REJECT_P99_MS},
+    }
+    (args.out / "overload.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def format_row(report: dict[str, Any]) -> str:
+    """Header and one row: the budget, the load, accepted vs baseline, the rejections."""
+    c, b, o, t = report["config"], report["baseline"], report["overload"], report["target"]
+    head = (f"{'queue':>6} {'T':>5} {'c':>4} {'base p50':>9} {'base p99':>9} {'acc p50':>8} "
+            f"{'acc p99':>8} {'acc/s':>7} {'rejected':>9} {'rej p50':>8} {'rej p99':>8}  "
+            f"target")
+    share = o["rejected"] / o["requests"] if o["requests"] else 0.0
+    verdict = "MET" if t["met"] else "NOT MET"
+    row = (f"{c['max_queue_tokens']:>6} {c['T']:>5} {c['concurrency']:>4} "
+           f"{b['accepted_p50_ms']:>9.2f} {b['accepted_p99_ms']:>9.2f} "
+           f"{o['accepted_p50_ms']:>8.2f} {o['accepted_p99_ms']:>8.2f} "
+           f"{o['accepted_req_s']:>7.0f} {share:>8.0%}  {o['rejected_p50_ms']:>8.2f} "
+           f"{o['rejected_p99_ms']:>8.2f}  rej p99 < {TARGET_REJECT_P99_MS:g} ms: {verdict}")
+    return f"{head}\n{row}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m bench.overload``: run, print the row, write the JSON."""
+    args = parse_args(argv)
+    report = run_overload(args)
+    print(format_row(report))
+    if report["overload"]["other_codes"]:
+        print(f"other codes under overload: {report['overload']['other_codes']}")
+    print(f"wrote {args.out / 'overload.json'}")
+
+
+if __name__ == "__main__":
+    main()
