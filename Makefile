@@ -33,6 +33,7 @@ proto-check: setup
 bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/results/)
 	@$(PY) -m bench
 	@$(PY) -m bench.footprint
+	@$(PY) -m bench.overload
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
