@@ -38,3 +38,4 @@ def test_overload_refuses_past_the_queue_budget(tmp_path: Path) -> None:
     rows = [line for line in proc.stdout.splitlines() if line.startswith("  1024   512")]
     assert len(rows) == 2
     assert all(row.endswith("MET") for row in rows)
+    assert all(o["floor_p99_ms"] > 0 for o in report["overload"])
