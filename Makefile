@@ -7,6 +7,7 @@ SHELL := /bin/bash
 
 setup:           ## dev environment: runtime + tests, lint, proto tools (idempotent)
 	@scripts/setup.sh dev
+	@scripts/setup_node.sh
 
 setup-runtime:   ## runtime environment only
 	@scripts/setup.sh runtime
@@ -32,6 +33,7 @@ proto-check: setup
 
 bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/results/)
 	@$(PY) -m bench
+	@$(PY) -m bench.scaling
 	@$(PY) -m bench.footprint
 	@$(PY) -m bench.overload
 

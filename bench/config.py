@@ -7,11 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-__all__ = ["BACKENDS", "DTYPE_BYTES", "IDS", "MODES", "BenchConfig", "Cell", "parse_args"]
+__all__ = ["BACKENDS", "DTYPE_BYTES", "IDS", "MODES", "SERVICE_ONLY_MODES", "BenchConfig", "Cell",
+           "parse_args"]
 
 # The three servers every cell is run against, in the order they are interleaved.
 BACKENDS = ("ceiling", "naive", "service")
-MODES = ("unary", "stream")
+MODES = ("unary", "stream", "oip", "shm")
+# Modes only the service has: measured against the ceiling's unary cell of the same point.
+SERVICE_ONLY_MODES = ("oip", "shm")
 IDS = ("uniform", "text")
 # Bytes per element on the wire; the naive baseline always sends `repeated float` (4 bytes).
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -84,6 +87,8 @@ class BenchConfig:
                 for dtype in self.dtypes:
                     for conc in self.concurrencies:
                         for backend in (b for b in BACKENDS if b in self.backends):
+                            if mode in SERVICE_ONLY_MODES and backend != "service":
+                                continue
                             if backend == "naive" and (mode not in self.naive_modes
                                                        or dtype != self.dtypes[0]):
                                 # The naive reply is fp32 floats whatever was asked: one
@@ -109,7 +114,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     p.add_argument("--ts", type=_ints, help="comma-separated T values (default 16,128,1024)")
     p.add_argument("--dtypes", type=_strs, help="comma-separated: float32,bfloat16,float16")
     p.add_argument("--concurrency", type=_ints, help="requests in flight (default 1,16)")
-    p.add_argument("--modes", type=_strs, help="unary,stream")
+    p.add_argument("--modes", type=_strs, help="unary,stream,oip,shm (default: all)")
     p.add_argument("--backends", type=_strs, help="subset of ceiling,naive,service")
     p.add_argument("--dim", type=int, help="C (default 768)")
     p.add_argument("--reps", type=int, help="interleaved repetitions (default 3)")

@@ -25,11 +25,12 @@ from bench.naive_proto import STREAM_METHOD as NAIVE_STREAM
 from bench.naive_proto import NaiveResponse
 from genproto.embedding.v1 import embedding_pb2 as pb
 
-__all__ = ["DTYPE_ENUM", "Measurement", "Protocol", "measure", "protocol_for"]
+__all__ = ["DTYPE_ENUM", "Measurement", "Protocol", "Window", "measure", "protocol_for"]
 
 DTYPE_ENUM = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16,
               "bfloat16": pb.DTYPE_BFLOAT16}
 # numpy has no bfloat16: its bits are decoded as uint16 (zero-copy, like the others).
+_ITEMSIZE = {pb.DTYPE_FLOAT32: 4, pb.DTYPE_FLOAT16: 2, pb.DTYPE_BFLOAT16: 2}
 _NP_DTYPE = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_FLOAT16: np.float16,
              pb.DTYPE_BFLOAT16: np.uint16}
 
@@ -72,7 +73,7 @@ def protocol_for(backend: str) -> Protocol:
                     pb.EmbedResponse.FromString, _decode_tensor)
 
 
-class _Window:
+class Window:
     """Counts completions between ``start`` and ``end`` (perf_counter_ns)."""
 
     def __init__(self, start: int, end: int, shape: tuple[int, int]) -> None:
@@ -92,7 +93,7 @@ class _Window:
 
 
 async def _unary(channel: grpc.aio.Channel, proto: Protocol, requests: list[pb.EmbedRequest],
-                 concurrency: int, window: _Window) -> None:
+                 concurrency: int, window: Window) -> None:
     call = channel.unary_unary(proto.unary, request_serializer=pb.EmbedRequest.SerializeToString,
                                response_deserializer=proto.parse)
 
@@ -109,7 +110,7 @@ async def _unary(channel: grpc.aio.Channel, proto: Protocol, requests: list[pb.E
 
 
 async def _stream(channel: grpc.aio.Channel, proto: Protocol, requests: list[pb.EmbedRequest],
-                  concurrency: int, window: _Window) -> None:
+                  concurrency: int, window: Window) -> None:
     call = channel.stream_stream(proto.stream,
                                  request_serializer=pb.EmbedRequest.SerializeToString,
                                  response_deserializer=proto.parse)()
@@ -147,7 +148,15 @@ async def measure(target: str, backend: str, mode: str, requests: list[pb.EmbedR
     async with grpc.aio.insecure_channel(target, options=options) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout=30)
         start = time.perf_counter_ns() + int(warmup_s * 1e9)
-        window = _Window(start, start + int(duration_s * 1e9), shape)
-        run = _unary if mode == "unary" else _stream
-        await run(channel, proto, requests, concurrency, window)
+        window = Window(start, start + int(duration_s * 1e9), shape)
+        from bench.fronts import run_oip, run_shm  # it builds on Window, defined here
+
+        if mode == "oip":
+            await run_oip(channel, requests, concurrency, window)
+        elif mode == "shm":
+            await run_shm(channel, requests, concurrency, window,
+                          shape[1] * _ITEMSIZE[requests[0].dtype])
+        else:
+            run = _unary if mode == "unary" else _stream
+            await run(channel, proto, requests, concurrency, window)
     return window.result()

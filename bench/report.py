@@ -11,12 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.config import DTYPE_BYTES, BenchConfig, Cell
+from bench.config import DTYPE_BYTES, SERVICE_ONLY_MODES, BenchConfig, Cell
 from bench.loadgen import Measurement
 
 __all__ = ["Target", "build_report", "format_report", "summarize"]
 
 METRICS = ("req_s", "tokens_s", "mb_s", "p50_ms", "p99_ms")
+MODE_ORDER = ("unary", "stream", "oip", "shm")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,11 @@ def _median_ratio(a: Sequence[Mapping[str, float]], b: Sequence[Mapping[str, flo
     return statistics.median(ratios) if ratios else float("nan")
 
 
+def _ceiling_mode(mode: str) -> str:
+    # OIP and shm are unary calls: the same transport ceiling as unary Embed bounds them.
+    return "unary" if mode in SERVICE_ONLY_MODES else mode
+
+
 def _naive_cell(cfg: BenchConfig, cell: Cell) -> Cell:
     mode = cell.mode if cell.mode in cfg.naive_modes else cfg.naive_modes[0]
     return Cell("naive", mode, cell.T, cfg.dtypes[0], cell.concurrency)
@@ -92,6 +98,13 @@ def _targets(cfg: BenchConfig, reps: Mapping[Cell, list[dict[str, float]]]) -> l
             Cell("service", "unary", small, "float32", c), "req_s", ">=", 2.0)
     add(f"T={big} c={hi} unary: bf16 / fp32 tokens/s",
         Cell("service", "unary", big, "bfloat16", hi), svc, "tokens_s", ">=", 1.6)
+    add(f"T={big} fp32 c={hi}: OIP ModelInfer / native unary throughput",
+        Cell("service", "oip", big, "float32", hi), svc, "tokens_s", ">=", 0.9)
+    shm = Cell("service", "shm", big, "float32", hi)
+    add(f"T={big} fp32 c={hi}: shm tokens/s / gRPC ceiling tokens/s", shm,
+        Cell("ceiling", "unary", big, "float32", hi), "tokens_s", ">=", 3.0)
+    add(f"T={big} c={hi} shm: bf16 / fp32 tokens/s",
+        Cell("service", "shm", big, "bfloat16", hi), shm, "tokens_s", ">=", 1.6)
     return out
 
 
@@ -110,7 +123,8 @@ def build_report(cfg: BenchConfig, results: Mapping[Cell, list[Measurement]],
     for cell, rs in reps.items():
         if cell.backend != "service":
             continue
-        ceiling = Cell("ceiling", cell.mode, cell.T, cell.dtype, cell.concurrency)
+        ceiling = Cell("ceiling", _ceiling_mode(cell.mode), cell.T, cell.dtype,
+                       cell.concurrency)
         naive = _naive_cell(cfg, cell)
         comparisons.append({
             "key": cell.key, "mode": cell.mode, "T": cell.T, "dtype": cell.dtype,
@@ -141,7 +155,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines = [head, "-" * len(head)]
 
     def order(c: Mapping[str, Any]) -> tuple[Any, ...]:
-        return (c["mode"] != "unary", c["T"], c["dtype"] != "float32", c["concurrency"],
+        return (MODE_ORDER.index(c["mode"]), c["T"], c["dtype"] != "float32", c["concurrency"],
                 ("ceiling", "naive", "service").index(c["backend"]))
 
     for c in sorted(report["cells"], key=order):

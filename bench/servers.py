@@ -21,8 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.config import BenchConfig
 from bench.model import MODEL_NAME
 
-__all__ = ["GLIBC_TUNABLES", "ServerProcess", "free_port", "start_servers", "stop_servers",
-           "wait_serving"]
+__all__ = ["GLIBC_TUNABLES", "ROOT", "ServerProcess", "free_port", "launch", "start_servers",
+           "stop_servers", "wait_serving"]
 
 ROOT = Path(__file__).resolve().parent.parent
 # Kept equal to scripts/serve.sh's default.
@@ -54,7 +54,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _launch(name: str, argv: list[str], port: int, log_dir: Path) -> ServerProcess:
+def launch(name: str, argv: list[str], port: int, log_dir: Path) -> ServerProcess:
+    """Start one server process, its output into ``log_dir/<name>.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     with log.open("wb") as fh:
         proc = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT)
@@ -102,7 +104,7 @@ def start_servers(cfg: BenchConfig, repo: Path, log_dir: Path,
     servers = {}
     for name in cfg.backends:
         port = free_port()
-        servers[name] = _launch(name, _argv(name, port, cfg, repo), port, log_dir)
+        servers[name] = launch(name, _argv(name, port, cfg, repo), port, log_dir)
     try:
         for server in servers.values():
             wait_serving(server, timeout_s)

@@ -2,6 +2,7 @@
 
     embedctl embed "hello world"              # shape, ids, a preview of the rows, timing
     embedctl embed --ids 1,2,3 --out x.npy    # save the (T, C) array with np.save
+    embedctl embed --shm "hello world"        # rows through /dev/shm, not the response
     embedctl tokenize "hello world"
     embedctl detokenize 31373,995
     embedctl info [--model NAME]
@@ -13,6 +14,7 @@ Failures print one line, ``embedctl: <what happened>``, to stderr and exit 1; ne
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -21,6 +23,7 @@ import numpy as np
 
 from client.client import DEFAULT_TARGET, EmbeddingClient
 from client.codec import COMPOSE, DTYPES, TRUNCATE, Embedding, EmbeddingError
+from client.shm import SharedMemoryRegion
 
 __all__ = ["CommandError", "build_parser", "format_embedding", "main"]
 
@@ -78,10 +81,27 @@ def format_embedding(e: Embedding) -> list[str]:
 def _embed(client: EmbeddingClient, args: argparse.Namespace) -> None:
     if (args.text is None) == (args.ids is None):
         raise CommandError("embed needs TEXT or --ids (not both)")
-    e = client.embed(args.text, args.ids, model=args.model, version=args.version,
-                     start_position=args.start_position, compose=args.compose,
-                     dtype=args.dtype, truncate=args.truncate,
-                     allow_special_tokens=args.allow_special_tokens)
+    options = {"model": args.model, "version": args.version,
+               "start_position": args.start_position, "compose": args.compose,
+               "dtype": args.dtype, "truncate": args.truncate,
+               "allow_special_tokens": args.allow_special_tokens}
+    if not args.shm:
+        e = client.embed(args.text, args.ids, **options)
+        _show(e, args)
+        return
+    # The server must share this machine's /dev/shm (same host, or one pod).
+    with SharedMemoryRegion(f"embedctl-{os.getpid()}", args.shm_bytes) as region:
+        client.register_shared_memory(region)
+        try:
+            e = client.embed(args.text, args.ids, shm=region, **options)
+            e = dataclasses.replace(e, array=np.array(e.array))  # copy out before unmapping
+        finally:
+            client.unregister_shared_memory(region.name)
+    _show(e, args)
+    print(f"via shared memory {region.key}")
+
+
+def _show(e: Embedding, args: argparse.Namespace) -> None:
     if args.out:
         try:
             np.save(args.out, e.array)
@@ -157,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--truncate", choices=list(TRUNCATE), default="none")
     e.add_argument("--allow-special-tokens", action="store_true")
     e.add_argument("--out", help="save the array here with np.save (.npy)")
+    e.add_argument("--shm", action="store_true",
+                   help="receive the rows through a /dev/shm region (server on this host)")
+    e.add_argument("--shm-bytes", type=int, default=64 << 20,
+                   help="size of that region (default 64 MiB)")
     t = command("tokenize", _tokenize, "text -> token ids and token strings")
     t.add_argument("text")
     t.add_argument("--allow-special-tokens", action="store_true")

@@ -9,6 +9,7 @@ retries UNAVAILABLE itself). Every failed RPC raises EmbeddingError.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Unpack
@@ -28,6 +29,7 @@ from client.codec import (
     stream_request,
 )
 from client.retry import RetryPolicy
+from client.shm import SharedMemoryRegion, rows_from_region
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 
@@ -98,15 +100,34 @@ class EmbeddingClient(_Channel):
             raise EmbeddingError.from_rpc(e) from e
 
     def embed(self, text: str | None = None, ids: Sequence[int] | None = None, *,
-              timeout: float | None = None, **options: Unpack[EmbedOptions]) -> Embedding:
+              timeout: float | None = None, shm: SharedMemoryRegion | None = None,
+              shm_offset: int = 0, **options: Unpack[EmbedOptions]) -> Embedding:
         """Embed one sequence (exactly one of text or ids): Embedding.array is (T, C).
 
         options: model, version, start_position, compose ("token+position" | "token" |
         "position"), dtype ("float32" | "float16" | "bfloat16"), truncate ("none" |
-        "right" | "left"), allow_special_tokens, request_id.
+        "right" | "left"), allow_special_tokens, request_id. ``shm``: a registered region;
+        the server writes the rows there (at ``shm_offset``) and ``array`` is a view of it.
         """
-        resp = self._call(self._stub.Embed, embed_request(text, ids, **options), timeout)
-        return decode_embedding(resp, self.raw_bfloat16)
+        request = _placed(embed_request(text, ids, **options), shm, shm_offset)
+        resp = self._call(self._stub.Embed, request, timeout)
+        return _decoded(resp, shm, self.raw_bfloat16)
+
+    def register_shared_memory(self, region: SharedMemoryRegion, *,
+                               timeout: float | None = None) -> None:
+        """Let the server write into ``region`` (it maps the same /dev/shm object)."""
+        request = pb.RegisterSharedMemoryRequest(region=region.region_message())
+        self._call(self._stub.RegisterSharedMemory, request, timeout)
+
+    def unregister_shared_memory(self, name: str = "", *, timeout: float | None = None) -> None:
+        """Forget a region on the server ("" = all of this server's regions)."""
+        request = pb.UnregisterSharedMemoryRequest(name=name)
+        self._call(self._stub.UnregisterSharedMemory, request, timeout)
+
+    def list_shared_memory(self, *, timeout: float | None = None) -> list[pb.SharedMemoryRegion]:
+        """The regions the server has registered."""
+        return list(self._call(self._stub.ListSharedMemory, pb.ListSharedMemoryRequest(),
+                               timeout).regions)
 
     def embed_batch(self, inputs: Inputs, *, start_positions: int | Sequence[int] = 0,
                     timeout: float | None = None,
@@ -185,11 +206,24 @@ class AsyncEmbeddingClient(_Channel):
             raise EmbeddingError.from_rpc(e) from e
 
     async def embed(self, text: str | None = None, ids: Sequence[int] | None = None, *,
-                    timeout: float | None = None,
-                    **options: Unpack[EmbedOptions]) -> Embedding:
+                    timeout: float | None = None, shm: SharedMemoryRegion | None = None,
+                    shm_offset: int = 0, **options: Unpack[EmbedOptions]) -> Embedding:
         """Embed one sequence; see EmbeddingClient.embed."""
-        resp = await self._call(self._stub.Embed, embed_request(text, ids, **options), timeout)
-        return decode_embedding(resp, self.raw_bfloat16)
+        request = _placed(embed_request(text, ids, **options), shm, shm_offset)
+        resp = await self._call(self._stub.Embed, request, timeout)
+        return _decoded(resp, shm, self.raw_bfloat16)
+
+    async def register_shared_memory(self, region: SharedMemoryRegion, *,
+                                     timeout: float | None = None) -> None:
+        """See EmbeddingClient.register_shared_memory."""
+        request = pb.RegisterSharedMemoryRequest(region=region.region_message())
+        await self._call(self._stub.RegisterSharedMemory, request, timeout)
+
+    async def unregister_shared_memory(self, name: str = "", *,
+                                       timeout: float | None = None) -> None:
+        """See EmbeddingClient.unregister_shared_memory."""
+        request = pb.UnregisterSharedMemoryRequest(name=name)
+        await self._call(self._stub.UnregisterSharedMemory, request, timeout)
 
     async def embed_batch(self, inputs: Inputs, *, start_positions: int | Sequence[int] = 0,
                           timeout: float | None = None,
@@ -246,3 +280,26 @@ class AsyncEmbeddingClient(_Channel):
         """One model's tables, tokenizer and limits ("" = default model, 0 = newest)."""
         req = pb.GetModelInfoRequest(model=model, version=version)
         return await self._call(self._stub.GetModelInfo, req, timeout)
+
+
+def _placed(request: pb.EmbedRequest, shm: SharedMemoryRegion | None,
+            offset: int) -> pb.EmbedRequest:
+    if shm is not None:
+        request.output.CopyFrom(pb.SharedMemoryOutput(region=shm.name, offset=offset))
+    return request
+
+
+def _decoded(resp: pb.EmbedResponse, shm: SharedMemoryRegion | None,
+             raw_bfloat16: bool) -> Embedding:
+    if shm is None:
+        return decode_embedding(resp, raw_bfloat16)
+    rows = rows_from_region(shm, resp.embeddings, resp.output, raw_bfloat16)
+    return dataclasses.replace(decode_embedding(_without_rows(resp), raw_bfloat16), array=rows)
+
+
+def _without_rows(resp: pb.EmbedResponse) -> pb.EmbedResponse:
+    # decode_embedding checks data against shape; an shm response has shape and no data.
+    empty = pb.EmbedResponse()
+    empty.CopyFrom(resp)
+    empty.embeddings.shape[:] = [0, 0]
+    return empty

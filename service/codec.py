@@ -8,7 +8,7 @@ generated code and lay the response out ourselves:
     0x0a len(Tensor) [shape, dtype] 0x1a len(data) DATA | other fields | timing (46 B)
 
 Everything but DATA and the timing is known when a request is admitted, so a ``Reply``
-is planned then. When its batch runs, ``Reply.allocate`` creates the response ``bytes``
+is planned then, and ``Reply.allocate`` creates the response ``bytes``
 at its final size, uninitialised, through CPython's ``PyBytes_FromStringAndSize(NULL,
 n)`` (the documented way for C code to build a bytes object in place), and exposes DATA
 as a writable tensor: the lookup writes the rows straight into it. The timing is known
@@ -35,9 +35,10 @@ import torch
 from google.protobuf.message import Message
 
 from genproto.embedding.v1 import embedding_pb2 as pb
+from service.batcher import Timing
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "TIMING_BYTES", "Reply", "ResponseWriter", "identity",
-           "padded_varint"]
+__all__ = ["DTYPES", "DTYPE_NAMES", "TIMING_BYTES", "Reply", "ResponseWriter", "RowSlice",
+           "bytes_field_prefix", "identity", "padded_varint"]
 
 if sys.byteorder != "little":  # torch writes native order; the wire is little-endian
     raise ImportError("service.codec supports little-endian hosts only")
@@ -115,43 +116,63 @@ def _timing_tag(descriptor: Any) -> int:
 
 
 class ResponseWriter:
-    """One response being built: write ``rows``, then ``finish`` with the timing."""
+    """One response being built: ``prefix | rows | suffix [| timing]``, allocated at its
+    final size; the lookup writes ``rows``, then ``finish`` writes the timing (if the message
+    has a timing field) and hands over the bytes. A ``batcher.Destination``."""
 
     __slots__ = ("_timing_at", "_timing_tag", "data", "rows")
 
-    def __init__(self, reply: Reply) -> None:
-        head, nbytes, fields = reply.head, reply.nbytes, reply.fields
-        total = len(head) + nbytes + len(fields) + TIMING_BYTES  # > 1: never a shared object
+    def __init__(self, prefix: bytes, shape: tuple[int, int], dtype: torch.dtype,
+                 suffix: bytes, timing_tag: int | None) -> None:
+        T, C = shape
+        nbytes = T * C * dtype.itemsize
+        timing = TIMING_BYTES if timing_tag is not None else 0
+        total = len(prefix) + nbytes + len(suffix) + timing  # > 1: never a shared object
         self.data: bytes = _new_bytes(None, total)  # fresh, uninitialised, ours alone
         address = _bytes_address(self.data)
-        ctypes.memmove(address, head, len(head))
-        ctypes.memmove(address + len(head) + nbytes, fields, len(fields))
-        self._timing_at = address + total - TIMING_BYTES
-        self._timing_tag = reply.timing_tag
-        T, C = reply.shape
+        ctypes.memmove(address, prefix, len(prefix))
+        ctypes.memmove(address + len(prefix) + nbytes, suffix, len(suffix))
+        self._timing_at = address + total - timing
+        self._timing_tag = timing_tag
         if nbytes == 0:  # torch.frombuffer refuses empty buffers
-            self.rows = torch.empty(T, C, dtype=reply.dtype)
+            self.rows = torch.empty(T, C, dtype=dtype)
         else:
-            view = _memory_view(address + len(head), nbytes, _PyBUF_WRITE)
-            self.rows = torch.frombuffer(view, dtype=reply.dtype).view(T, C)  # (T, C)
+            view = _memory_view(address + len(prefix), nbytes, _PyBUF_WRITE)
+            self.rows = torch.frombuffer(view, dtype=dtype).view(T, C)  # (T, C)
 
-    def finish(self, queue_ns: int, tokenize_ns: int, compute_ns: int, total_ns: int) -> bytes:
-        """Write the timing fields and hand over the finished bytes."""
-        timing = _timing(self._timing_tag, queue_ns, tokenize_ns, compute_ns, total_ns)
-        ctypes.memmove(self._timing_at, timing, TIMING_BYTES)
+    def finish(self, timing: Timing) -> bytes:
+        """Write the timing fields (when the message has them); hand over the bytes."""
+        if self._timing_tag is not None:
+            ctypes.memmove(self._timing_at, _timing(self._timing_tag, *timing), TIMING_BYTES)
         data = self.data
         del self.rows  # the view must not outlive the writer's ownership of the bytes
         return data
 
 
+class RowSlice:
+    """Rows ``start .. start+T-1`` of a larger output, as a destination of their own (one
+    sequence of a padded [B, T, C] tensor); ``finish`` returns the timing."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.rows = rows  # (T, C) view
+
+    def finish(self, timing: Timing) -> Timing:
+        """Nothing to complete: the owner of the larger output finishes it."""
+        del self.rows
+        return timing
+
+
 class Reply:
-    """The planned layout of one response: every field but the rows' values and the timing.
+    """The planned layout of one native response: every field but the rows' values and the
+    timing.
 
     ``fields`` is an ``EmbedResponse`` or ``EmbedBatchResponse`` with ``embeddings`` and
     ``timing`` unset; ``shape`` is [T, C] of the rows; ``dtype`` a ``DType`` enum value.
     """
 
-    __slots__ = ("dtype", "fields", "head", "nbytes", "shape", "timing_tag")
+    __slots__ = ("dtype", "fields", "head", "shape", "timing_tag")
 
     def __init__(self, fields: Message, shape: tuple[int, int], dtype: int) -> None:
         if fields.HasField("embeddings") or fields.HasField("timing"):
@@ -159,14 +180,18 @@ class Reply:
         self.dtype = DTYPES[dtype]
         self.shape = shape
         T, C = shape
-        self.nbytes = T * C * self.dtype.itemsize
         self.head = _head(T, C, dtype)
         self.fields = fields.SerializeToString()
         self.timing_tag = _timing_tag(fields.DESCRIPTOR)
 
     def allocate(self) -> ResponseWriter:
         """The response bytes at their final size, with ``rows`` to write into."""
-        return ResponseWriter(self)
+        return ResponseWriter(self.head, self.shape, self.dtype, self.fields, self.timing_tag)
+
+
+def bytes_field_prefix(field_number: int, nbytes: int) -> bytes:
+    """The tag and length of a length-delimited field holding ``nbytes`` bytes."""
+    return _varint(field_number << 3 | 2) + _varint(nbytes)
 
 
 def identity(data: bytes) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import grpc
 
 __all__ = [
+    "AlreadyExists",
     "DeadlineExceeded",
     "EmbedError",
     "FailedPrecondition",
@@ -37,6 +38,12 @@ class NotFound(EmbedError):
     """Unknown model or version."""
 
     code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(EmbedError):
+    """A shared-memory region of that name is already registered."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
 
 
 class FailedPrecondition(EmbedError):

@@ -86,6 +86,7 @@ class Repository:
         self._on_load = on_load  # (model, version, "ok"|"error") for metrics
         self._models: dict[str, LoadedModel] = {}
         self._refused: dict[Path, float] = {}  # version dir -> mtime when it was refused
+        self._reasons: dict[Path, str] = {}  # version dir -> why it was refused
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -112,6 +113,26 @@ class Repository:
             raise NotFound(f"version {version} of model {name!r} is not loaded "
                            f"(serving version {loaded.version})")
         return loaded
+
+    def index(self) -> list[tuple[str, int, str, str]]:
+        """Every version directory on disk: (model, version, state, reason), where state is
+        READY (served), UNAVAILABLE (refused: the reason says why) or AVAILABLE (valid as
+        far as we know, but not the version served: older, or not the pinned one)."""
+        if not self.root.is_dir():
+            return []
+        models = self._models
+        rows = []
+        for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            loaded = models.get(model_dir.name)
+            for version in list_versions(model_dir):
+                reason = self._reasons.get(model_dir / str(version))
+                if loaded is not None and loaded.version == version:
+                    rows.append((model_dir.name, version, "READY", ""))
+                elif reason is not None:
+                    rows.append((model_dir.name, version, "UNAVAILABLE", reason))
+                else:
+                    rows.append((model_dir.name, version, "AVAILABLE", "not the served version"))
+        return rows
 
     def refresh(self) -> list[LoadedModel]:
         """Load any newer valid version of each model; returns what was newly loaded."""
@@ -142,11 +163,13 @@ class Repository:
                 model = load_model(name, version_dir, self.device, self.table_dtype)
             except (CheckpointError, ValueError, OSError) as e:
                 self._refused[version_dir] = mtime
+                self._reasons[version_dir] = str(e)
                 log.error("refused model=%s version=%d: %s", name, version, e)
                 if self._on_load:
                     self._on_load(name, version, "error")
                 continue
             self._refused.pop(version_dir, None)
+            self._reasons.pop(version_dir, None)
             log.info("loaded model=%s version=%d checkpoint_id=%s dim=%d vocab_size=%d "
                      "max_seq_len=%d position=%s device=%s", name, version,
                      model.checkpoint_id[:16], model.tables.dim,

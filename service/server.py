@@ -26,6 +26,7 @@ from service.api import SERVICE_NAME, EmbeddingService
 from service.batcher import Batcher
 from service.config import ServerConfig
 from service.metrics import Metrics
+from service.oip import OIP_SERVICE_NAME, InferenceService
 from service.repository import LoadedModel, Repository, parse_pins
 from service.tables import resolve_device
 from service.validation import Limits
@@ -57,6 +58,7 @@ class EmbeddingServer:
             self.repo, self.batcher, self.metrics,
             Limits(config.max_tokens_per_request, config.max_text_bytes,
                    config.max_message_bytes), self._pool, config.auth_token)
+        self.oip = InferenceService(self.service)  # the same admission, batcher and regions
         self.health = health.aio.HealthServicer()
         self.grpc_port = 0
         self.metrics_port = 0
@@ -80,7 +82,7 @@ class EmbeddingServer:
             self._info_labels[model.name] = labels
 
     async def _set_health(self, status: int) -> None:
-        for name in ("", SERVICE_NAME):
+        for name in ("", SERVICE_NAME, OIP_SERVICE_NAME):
             await self.health.set(name, status)
 
     async def _refresh(self) -> None:
@@ -113,10 +115,11 @@ class EmbeddingServer:
                    ("grpc.max_receive_message_length", c.max_message_bytes),
                    ("grpc.so_reuseport", 1 if c.workers > 1 else 0)]
         server = self._server = grpc.aio.server(options=options)
-        server.add_generic_rpc_handlers((self.service.handlers(),))
+        server.add_generic_rpc_handlers((self.service.handlers(), self.oip.handlers()))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+            (SERVICE_NAME, OIP_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
+            server)
         address = f"{c.host}:{c.grpc_port}"
         creds = self._credentials()
         self.grpc_port = (server.add_secure_port(address, creds) if creds

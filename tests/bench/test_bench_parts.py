@@ -70,7 +70,7 @@ def _m(requests: int, p50_ms: float = 1.0) -> list[Measurement]:
 
 def test_ratios_are_per_repetition_medians_and_targets_judge_them() -> None:
     cfg = BenchConfig(ts=(16, 1024), dtypes=("float32", "bfloat16"), concurrencies=(1, 16),
-                      reps=3)
+                      reps=3, modes=("unary", "stream"))
     results: dict[Cell, list[Measurement]] = {cell: [] for cell in cfg.cells()}
     per_rep = {  # (service, ceiling) req/s per repetition at T=1024 fp32 c=16 unary
         0: (60, 100), 1: (70, 50), 2: (200, 80)}
@@ -104,6 +104,24 @@ def test_ratios_are_per_repetition_medians_and_targets_judge_them() -> None:
     text = format_report(report)
     assert "[NOT MET] T=1024 fp32 c=16 unary: service/naive throughput = 7.00" in text
     assert text.count("[MET    ]") == 5
+
+
+def test_oip_and_shm_targets_compare_with_native_unary_and_the_unary_ceiling() -> None:
+    cfg = BenchConfig(ts=(1024,), dtypes=("float32", "bfloat16"), concurrencies=(16,),
+                      reps=1, modes=("unary", "oip", "shm"), backends=("ceiling", "service"))
+    rates = {("ceiling", "unary", "float32"): 100, ("ceiling", "unary", "bfloat16"): 180,
+             ("service", "unary", "float32"): 70, ("service", "unary", "bfloat16"): 90,
+             ("service", "oip", "float32"): 63, ("service", "oip", "bfloat16"): 80,
+             ("service", "shm", "float32"): 350, ("service", "shm", "bfloat16"): 490}
+    results = {cell: _m(rates[(cell.backend, cell.mode, cell.dtype)]) for cell in cfg.cells()}
+    assert {c.mode for c in results if c.backend == "ceiling"} == {"unary"}  # service-only
+    report = build_report(cfg, results, {"reps": 1})
+    targets = {t["name"]: (round(t["value"], 3), t["met"]) for t in report["targets"]}
+    assert targets["T=1024 fp32 c=16: OIP ModelInfer / native unary throughput"] == (0.9, True)
+    assert targets["T=1024 fp32 c=16: shm tokens/s / gRPC ceiling tokens/s"] == (3.5, True)
+    assert targets["T=1024 c=16 shm: bf16 / fp32 tokens/s"] == (1.4, False)
+    comps = {c["key"]: c for c in report["comparisons"]}
+    assert comps["service/shm/T1024/float32/c16"]["service_over_ceiling"] == 3.5
 
 
 def test_text_ids_are_windows_of_the_corpus_and_uniform_ids_span_the_vocabulary() -> None:

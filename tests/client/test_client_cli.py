@@ -144,3 +144,18 @@ def test_bad_usage_exits_2_without_traceback() -> None:
     assert proc.stderr.splitlines()[-1] == ("embedctl embed: error: argument --ids: '1,x' is "
                                             "not a comma-separated list of integers")
     assert "Traceback" not in proc.stderr
+
+
+def test_embed_through_shared_memory(server: ServerHandle, reference, tmp_path: Path) -> None:
+    out = tmp_path / "shm.npy"
+    proc = embedctl("--target", server.target, "embed", "hello world", "--shm",
+                    "--shm-bytes", "4096", "--out", str(out))
+    assert (proc.returncode, proc.stderr) == (0, "")
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "shape (2, 16)  dtype float32"
+    assert lines[-2] == f"saved {out}"
+    assert re.fullmatch(r"via shared memory /embed-embedctl-\d+-[0-9a-f]{8}", lines[-1])
+    assert np.load(out).tobytes() == reference(HELLO_WORLD).tobytes()
+    with EmbeddingClient(server.target) as c:
+        assert c.list_shared_memory() == []  # embedctl unregistered its region
+    assert not list(Path("/dev/shm").glob("embed-embedctl-*"))  # and unlinked it

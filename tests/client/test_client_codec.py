@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from client import EmbeddingError, decode_tensor, embed_request
-from genproto.embedding.v1 import embedding_pb2 as pb
 from client.codec import batch_request, decode_batch, stream_request
+from genproto.embedding.v1 import embedding_pb2 as pb
 
 
 def _tensor(array: np.ndarray, dtype: int) -> pb.Tensor:

@@ -20,7 +20,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 TOOLS_BIN = REPO / ".tools" / "venv" / "bin"
-OVERLAYS = ("cpu", "gpu", "cpu-model-image")
+OVERLAYS = ("cpu", "gpu", "cpu-model-image", "cpu-network-policy", "cpu-prometheus-operator",
+            "shm-sidecar")
+# Custom resources kubernetes-validate has no schema for (checked by validate_crds.py).
+CRD_API_GROUPS = ("monitoring.coreos.com/",)
 
 
 def _find(name: str, installer: str) -> str:
@@ -55,6 +58,21 @@ def kubectl() -> str:
 def kubernetes_validate() -> str:
     """The kubernetes-validate command (offline schemas)."""
     return _find("kubernetes-validate", "install_k8s_tools.sh")
+
+
+@pytest.fixture(scope="session")
+def crd_python() -> str:
+    """The tools interpreter, with the Prometheus Operator's CRD models (validate_crds.py)."""
+    python = TOOLS_BIN / "python"
+    ok = python.exists() and subprocess.run(
+        [str(python), "-c", "import cloudcoil.models.prometheus_operator, jsonschema"],
+        capture_output=True, timeout=120).returncode == 0
+    if not ok:
+        reason = "Prometheus Operator CRD models not found: run scripts/install_k8s_tools.sh"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return str(python)
 
 
 @pytest.fixture(scope="session")

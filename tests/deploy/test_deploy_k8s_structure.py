@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -10,7 +13,7 @@ import pytest
 import yaml
 
 from service.config import ServerConfig, parse_config
-from tests.deploy.conftest import DEPLOY, OVERLAYS
+from tests.deploy.conftest import DEPLOY, OVERLAYS, REPO
 
 Objects = dict[tuple[str, str], dict[str, Any]]
 NAME = "embedding-service"
@@ -20,10 +23,13 @@ def _pod(objs: Objects) -> dict[str, Any]:
     return objs[("Deployment", NAME)]["spec"]["template"]
 
 
+def _container(objs: Objects, name: str) -> dict[str, Any]:
+    (container,) = [c for c in _pod(objs)["spec"]["containers"] if c["name"] == name]
+    return dict(container)
+
+
 def _server(objs: Objects) -> dict[str, Any]:
-    (container,) = _pod(objs)["spec"]["containers"]
-    assert container["name"] == "server"
-    return container
+    return _container(objs, "server")
 
 
 def _config(objs: Objects) -> dict[str, str]:
@@ -32,14 +38,21 @@ def _config(objs: Objects) -> dict[str, str]:
     return objs[("ConfigMap", source["configMapRef"]["name"])]["data"]
 
 
+# The objects each overlay adds to the base's (or, for cpu-model-image, takes away).
+_EXTRA_KINDS = {"cpu-network-policy": ["NetworkPolicy"],
+                "cpu-prometheus-operator": ["PrometheusRule", "ServiceMonitor"]}
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_objects_rendered(overlay: str, manifests: dict[str, Objects]) -> None:
     kinds = sorted(kind for kind, _ in manifests[overlay])
     expected = ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget",
-                "Service", "Service", "ServiceAccount"]
+                "Service", "Service", "ServiceAccount", *_EXTRA_KINDS.get(overlay, [])]
     if overlay != "cpu-model-image":  # that option replaces the claim with an emptyDir
         expected.append("PersistentVolumeClaim")
     assert kinds == sorted(expected)
+    containers = [c["name"] for c in _pod(manifests[overlay])["spec"]["containers"]]
+    assert containers == (["server", "consumer"] if overlay == "shm-sidecar" else ["server"])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -179,3 +192,126 @@ def test_pytorchjob_writes_to_the_servers_claim() -> None:
     (models,) = [v for v in worker["volumes"] if v["name"] == "models"]
     assert models["persistentVolumeClaim"]["claimName"] == "embedding-models"
     assert "readOnly" not in models["persistentVolumeClaim"]
+
+
+def _port_numbers(container: dict[str, Any]) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container["ports"]}
+
+
+def test_network_policy(manifests: dict[str, Objects]) -> None:
+    """gRPC only from labelled client namespaces, metrics only from Prometheus, no egress."""
+    objs = manifests["cpu-network-policy"]
+    spec = objs[("NetworkPolicy", NAME)]["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= _pod(objs)["metadata"]["labels"].items()
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["egress"] == []  # listed in policyTypes with no rule: deny all outbound
+    grpc_rule, metrics_rule = spec["ingress"]
+    assert grpc_rule == {
+        "from": [{"namespaceSelector": {"matchLabels": {"embedding-client": "true"}}}],
+        "ports": [{"port": "grpc", "protocol": "TCP"}]}
+    # One peer holding both selectors (AND), not two peers (OR).
+    assert metrics_rule == {
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name":
+                                                        "monitoring"}},
+                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+        "ports": [{"port": "metrics", "protocol": "TCP"}]}
+    # The named ports are the server's real ports.
+    ports = _port_numbers(_server(objs))
+    assert (ports["grpc"], ports["metrics"]) == (50051, 9464)
+    # The label the docs tell users to set is the one the policy selects on.
+    assert "kubectl label namespace <clients-ns> embedding-client=true" in (
+        REPO / "docs" / "deploy.md").read_text()
+
+
+def test_service_monitor_scrapes_the_metrics_port(manifests: dict[str, Objects]) -> None:
+    objs = manifests["cpu-prometheus-operator"]
+    spec = objs[("ServiceMonitor", NAME)]["spec"]
+    assert spec["endpoints"] == [{"port": "metrics", "path": "/metrics", "scheme": "http",
+                                  "interval": "15s", "scrapeTimeout": "10s"}]
+    selector = spec["selector"]["matchLabels"]
+    matched = [name for (kind, name), obj in objs.items()
+               if kind == "Service" and selector.items() <= obj["metadata"]["labels"].items()]
+    assert sorted(matched) == [NAME, f"{NAME}-headless"]
+    # Only the ClusterIP Service has the "metrics" port: each pod is one target, not two.
+    with_metrics = [name for name in matched
+                    if "metrics" in [p["name"] for p in objs[("Service", name)]["spec"]["ports"]]]
+    assert with_metrics == [NAME]
+    assert objs[("Service", NAME)]["spec"]["ports"][1]["targetPort"] == "metrics"
+    assert _port_numbers(_server(objs))["metrics"] == 9464
+
+
+def _generator() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "to_prometheusrule", DEPLOY / "prometheus" / "to_prometheusrule.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_prometheus_rule_is_generated_from_rules_yml(manifests: dict[str, Objects]) -> None:
+    """One hand-maintained copy: the PrometheusRule carries rules.yml's groups, byte for byte
+    as the generator writes them."""
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())
+    rendered = manifests["cpu-prometheus-operator"][("PrometheusRule", NAME)]
+    assert rendered["spec"] == {"groups": rules["groups"]}
+    gen = _generator()
+    committed = gen.OUTPUT.read_text()
+    assert committed == gen.render(gen.RULES.read_text())
+    proc = subprocess.run([sys.executable, str(DEPLOY / "prometheus" / "to_prometheusrule.py"),
+                           "--check"], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_a_changed_rule_makes_the_prometheus_rule_stale() -> None:
+    """Negative control: editing rules.yml without regenerating is caught."""
+    gen = _generator()
+    text = gen.RULES.read_text()
+    assert text.count("p99_5m > 0.25") == 1
+    assert gen.render(text.replace("p99_5m > 0.25", "p99_5m > 0.5")) != gen.OUTPUT.read_text()
+
+
+# GPT-2 at full length (T=1024, C=768), float32 (4 bytes), 64 requests in flight.
+_SHM_EXAMPLE_BYTES = 1024 * 768 * 4 * 64
+
+
+def _bytes(quantity: str) -> int:
+    """A binary-suffixed Kubernetes quantity ("256Mi", "2Gi") in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    return int(quantity[:-2]) * units[quantity[-2:]]
+
+
+def test_shm_sidecar_shares_a_memory_emptydir_at_dev_shm(manifests: dict[str, Objects]) -> None:
+    objs = manifests["shm-sidecar"]
+    spec = _pod(objs)["spec"]
+    (shm,) = [v for v in spec["volumes"] if v["name"] == "shm"]
+    assert shm == {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "256Mi"}}
+    # The docs' example sizing (192 MiB) fits, with headroom.
+    assert _SHM_EXAMPLE_BYTES == 192 * 2**20
+    assert _bytes(shm["emptyDir"]["sizeLimit"]) > _SHM_EXAMPLE_BYTES
+    for name in ("server", "consumer"):
+        mounts = [m for m in _container(objs, name)["volumeMounts"]
+                  if m["mountPath"] == "/dev/shm"]
+        assert mounts == [{"name": "shm", "mountPath": "/dev/shm"}], name
+    # Same user in both (the pod's 10001): the consumer's region files open in the server.
+    for name in ("server", "consumer"):
+        assert "runAsUser" not in _container(objs, name)["securityContext"]
+    assert spec["securityContext"]["runAsUser"] == 10001
+    # tmpfs pages are charged to the writer, the server: its limit grows by the sizeLimit.
+    base_limit = _server(manifests["cpu"])["resources"]["limits"]["memory"]
+    shm_limit = _server(objs)["resources"]["limits"]["memory"]
+    assert (base_limit, shm_limit) == ("2Gi", "2304Mi")
+    assert _bytes(shm_limit) == _bytes(base_limit) + _bytes(shm["emptyDir"]["sizeLimit"])
+
+
+def test_shm_consumer_reaches_the_server_on_localhost(manifests: dict[str, Objects]) -> None:
+    objs = manifests["shm-sidecar"]
+    consumer = _container(objs, "consumer")
+    env = {e["name"]: e["value"] for e in consumer["env"]}
+    grpc_port = parse_config([], environ=_config(objs)).grpc_port
+    assert grpc_port == _port_numbers(_server(objs))["grpc"] == 50051
+    assert env["EMBED_TARGET"] == f"127.0.0.1:{grpc_port}"
+    # The placeholder is unmistakably the user's to replace.
+    assert consumer["image"] == "your-registry.example/your-shm-consumer:replace-me"
+    assert "ports" not in consumer  # it serves nothing; nothing reaches it from outside

@@ -17,6 +17,7 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
 from tests.deploy.conftest import DEPLOY
+from tests.deploy.promql_names import Exposition, check_query, parse_query
 from tests.tiny_model import MakeCheckpoint, start
 
 PROM = DEPLOY / "prometheus"
@@ -104,3 +105,45 @@ def test_a_refused_version_exports_result_error(tmp_path: Path,
     assert 'embed_model_loads_total{model="tiny",result="error"} 1.0' in exposition
     assert 'embed_model_loads_total{model="tiny",result="ok"} 1.0' in exposition
     assert re.search(r'^embed_model_info\{[^}]*version="1"', exposition, re.M)
+
+
+def test_rules_names_labels_and_values_against_a_live_server(
+        tmp_path: Path, make_checkpoint: MakeCheckpoint) -> None:
+    """Every rule's series, matchers, matched values and grouping labels, through the same
+    PromQL checker as the Grafana dashboard, against a server that has served OK and
+    INVALID_ARGUMENT requests and refused a corrupt version (result="error")."""
+    make_checkpoint(tmp_path, "tiny", version=1)
+    bad = make_checkpoint(tmp_path, "tiny", version=2, seed=1)
+    blob = bytearray((bad / "embeddings.safetensors").read_bytes())
+    blob[-1] ^= 0xFF
+    (bad / "embeddings.safetensors").write_bytes(bytes(blob))
+    handle = start(tmp_path)
+    try:
+        with grpc.insecure_channel(handle.target) as channel:
+            stub = pb_grpc.EmbeddingServiceStub(channel)
+            stub.Embed(pb.EmbedRequest(model="tiny", text="hello"), timeout=30)
+            with pytest.raises(grpc.RpcError):
+                stub.Embed(pb.EmbedRequest(model="tiny"), timeout=30)
+        exposition = Exposition(_scrape(handle))
+    finally:
+        handle.stop()
+    doc = yaml.safe_load((PROM / "rules.yml").read_text())
+    rules = [rule for group in doc["groups"] for rule in group["rules"]]
+    # A recorded series carries the labels its expression keeps (its outer by (...) clause).
+    recorded = {r["record"]: parse_query(r["expr"]).grouping - {"le"}
+                for r in rules if "record" in r}
+    assert recorded == {
+        "embed:requests:rate5m": {"rpc", "model", "code"},
+        "embed:request_errors:ratio_rate5m": {"model"},
+        "embed:request_server_errors:ratio_rate5m": {"model"},
+        "embed:request_duration_seconds:p99_5m": {"rpc", "model"},
+        "embed:request_duration_seconds:p50_5m": {"rpc", "model"},
+    }
+    problems = {r.get("record") or r["alert"]: check_query(r["expr"], exposition,
+                                                           recorded=recorded)
+                for r in rules}
+    assert problems == {name: [] for name in problems}
+    assert len(problems) == 11
+    # Negative control: the value check really reads the exposition.
+    assert check_query('embed_model_loads_total{result="failed"}', exposition) == [
+        "series 'embed_model_loads_total' never has result='failed'"]

@@ -32,7 +32,8 @@ def tables() -> EmbeddingTables:
 def job(tables: EmbeddingTables, ids: list[int], seen: list[Job],
         deadline: float | None = None, dtype: int = pb.DTYPE_FLOAT32) -> Job:
     reply = codec.Reply(pb.EmbedResponse(), (len(ids), tables.dim), dtype)
-    j = Job(tables, torch.tensor(ids), [(0, len(ids))], COMPOSE_TOKEN_PLUS_POSITION, reply,
+    j = Job(tables, torch.tensor(ids), [(0, len(ids))], COMPOSE_TOKEN_PLUS_POSITION,
+            reply.allocate(),
             time.perf_counter_ns(), 0, deadline)
     seen.append(j)
     return j

@@ -7,12 +7,13 @@ import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service import codec
+from service.batcher import Timing
 
 
 def fill(reply: codec.Reply, rows: torch.Tensor, timing: tuple[int, int, int, int]) -> bytes:
     writer = reply.allocate()
     writer.rows.copy_(rows)
-    return writer.finish(*timing)
+    return writer.finish(Timing(*timing))
 
 
 @pytest.mark.parametrize("dtype", [pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT16, pb.DTYPE_BFLOAT16])

@@ -63,7 +63,7 @@ class Timing(_message.Message):
     def __init__(self, queue_ns: _Optional[int] = ..., tokenize_ns: _Optional[int] = ..., compute_ns: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("model", "version", "text", "token_ids", "start_position", "compose", "dtype", "truncate", "allow_special_tokens", "request_id")
+    __slots__ = ("model", "version", "text", "token_ids", "start_position", "compose", "dtype", "truncate", "allow_special_tokens", "request_id", "output")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class EmbedRequest(_message.Message):
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     ALLOW_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     text: str
@@ -84,10 +85,11 @@ class EmbedRequest(_message.Message):
     truncate: Truncate
     allow_special_tokens: bool
     request_id: str
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., start_position: _Optional[int] = ..., compose: _Optional[_Union[Compose, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., truncate: _Optional[_Union[Truncate, str]] = ..., allow_special_tokens: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    output: SharedMemoryOutput
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., start_position: _Optional[int] = ..., compose: _Optional[_Union[Compose, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., truncate: _Optional[_Union[Truncate, str]] = ..., allow_special_tokens: _Optional[bool] = ..., request_id: _Optional[str] = ..., output: _Optional[_Union[SharedMemoryOutput, _Mapping]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
-    __slots__ = ("embeddings", "token_ids", "start_position", "model", "version", "checkpoint_id", "truncated_tokens", "untrained_token_indices", "timing", "request_id")
+    __slots__ = ("embeddings", "token_ids", "start_position", "model", "version", "checkpoint_id", "truncated_tokens", "untrained_token_indices", "timing", "request_id", "output")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +100,7 @@ class EmbedResponse(_message.Message):
     UNTRAINED_TOKEN_INDICES_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     embeddings: Tensor
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     start_position: int
@@ -108,7 +111,8 @@ class EmbedResponse(_message.Message):
     untrained_token_indices: _containers.RepeatedScalarFieldContainer[int]
     timing: Timing
     request_id: str
-    def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_position: _Optional[int] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., truncated_tokens: _Optional[int] = ..., untrained_token_indices: _Optional[_Iterable[int]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    output: SharedMemoryRange
+    def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., start_position: _Optional[int] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., truncated_tokens: _Optional[int] = ..., untrained_token_indices: _Optional[_Iterable[int]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., request_id: _Optional[str] = ..., output: _Optional[_Union[SharedMemoryRange, _Mapping]] = ...) -> None: ...
 
 class EmbedInput(_message.Message):
     __slots__ = ("text", "token_ids", "start_position")
@@ -121,7 +125,7 @@ class EmbedInput(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., start_position: _Optional[int] = ...) -> None: ...
 
 class EmbedBatchRequest(_message.Message):
-    __slots__ = ("model", "version", "inputs", "compose", "dtype", "truncate", "allow_special_tokens", "request_id")
+    __slots__ = ("model", "version", "inputs", "compose", "dtype", "truncate", "allow_special_tokens", "request_id", "output")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +134,7 @@ class EmbedBatchRequest(_message.Message):
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     ALLOW_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     inputs: _containers.RepeatedCompositeFieldContainer[EmbedInput]
@@ -138,7 +143,8 @@ class EmbedBatchRequest(_message.Message):
     truncate: Truncate
     allow_special_tokens: bool
     request_id: str
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., compose: _Optional[_Union[Compose, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., truncate: _Optional[_Union[Truncate, str]] = ..., allow_special_tokens: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    output: SharedMemoryOutput
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., compose: _Optional[_Union[Compose, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., truncate: _Optional[_Union[Truncate, str]] = ..., allow_special_tokens: _Optional[bool] = ..., request_id: _Optional[str] = ..., output: _Optional[_Union[SharedMemoryOutput, _Mapping]] = ...) -> None: ...
 
 class BatchItem(_message.Message):
     __slots__ = ("token_ids", "start_position", "truncated_tokens", "untrained_token_indices")
@@ -153,7 +159,7 @@ class BatchItem(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., start_position: _Optional[int] = ..., truncated_tokens: _Optional[int] = ..., untrained_token_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EmbedBatchResponse(_message.Message):
-    __slots__ = ("embeddings", "offsets", "items", "model", "version", "checkpoint_id", "timing", "request_id")
+    __slots__ = ("embeddings", "offsets", "items", "model", "version", "checkpoint_id", "timing", "request_id", "output")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +168,7 @@ class EmbedBatchResponse(_message.Message):
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     embeddings: Tensor
     offsets: _containers.RepeatedScalarFieldContainer[int]
     items: _containers.RepeatedCompositeFieldContainer[BatchItem]
@@ -170,7 +177,8 @@ class EmbedBatchResponse(_message.Message):
     checkpoint_id: str
     timing: Timing
     request_id: str
-    def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., offsets: _Optional[_Iterable[int]] = ..., items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    output: SharedMemoryRange
+    def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., offsets: _Optional[_Iterable[int]] = ..., items: _Optional[_Iterable[_Union[BatchItem, _Mapping]]] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., request_id: _Optional[str] = ..., output: _Optional[_Union[SharedMemoryRange, _Mapping]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "version", "text", "allow_special_tokens")
@@ -292,3 +300,63 @@ class ModelInfo(_message.Message):
     has_row_updates: bool
     untrained_rows: int
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., table_rows: _Optional[int] = ..., dim: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., position: _Optional[str] = ..., storage_dtype: _Optional[str] = ..., device: _Optional[str] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., is_default: _Optional[bool] = ..., max_tokens_per_request: _Optional[int] = ..., max_text_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., provenance_json: _Optional[str] = ..., has_row_updates: _Optional[bool] = ..., untrained_rows: _Optional[int] = ...) -> None: ...
+
+class SharedMemoryOutput(_message.Message):
+    __slots__ = ("region", "offset")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    offset: int
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class SharedMemoryRange(_message.Message):
+    __slots__ = ("region", "offset", "byte_size")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    offset: int
+    byte_size: int
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
+class SharedMemoryRegion(_message.Message):
+    __slots__ = ("name", "key", "offset", "byte_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
+class RegisterSharedMemoryRequest(_message.Message):
+    __slots__ = ("region",)
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: SharedMemoryRegion
+    def __init__(self, region: _Optional[_Union[SharedMemoryRegion, _Mapping]] = ...) -> None: ...
+
+class RegisterSharedMemoryResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnregisterSharedMemoryRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnregisterSharedMemoryResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSharedMemoryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSharedMemoryResponse(_message.Message):
+    __slots__ = ("regions",)
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.RepeatedCompositeFieldContainer[SharedMemoryRegion]
+    def __init__(self, regions: _Optional[_Iterable[_Union[SharedMemoryRegion, _Mapping]]] = ...) -> None: ...

@@ -69,6 +69,21 @@ class EmbeddingServiceStub:
                 request_serializer=embedding_dot_v1_dot_embedding__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=embedding_dot_v1_dot_embedding__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.RegisterSharedMemory = channel.unary_unary(
+                '/embedding.v1.EmbeddingService/RegisterSharedMemory',
+                request_serializer=embedding_dot_v1_dot_embedding__pb2.RegisterSharedMemoryRequest.SerializeToString,
+                response_deserializer=embedding_dot_v1_dot_embedding__pb2.RegisterSharedMemoryResponse.FromString,
+                _registered_method=True)
+        self.UnregisterSharedMemory = channel.unary_unary(
+                '/embedding.v1.EmbeddingService/UnregisterSharedMemory',
+                request_serializer=embedding_dot_v1_dot_embedding__pb2.UnregisterSharedMemoryRequest.SerializeToString,
+                response_deserializer=embedding_dot_v1_dot_embedding__pb2.UnregisterSharedMemoryResponse.FromString,
+                _registered_method=True)
+        self.ListSharedMemory = channel.unary_unary(
+                '/embedding.v1.EmbeddingService/ListSharedMemory',
+                request_serializer=embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryRequest.SerializeToString,
+                response_deserializer=embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryResponse.FromString,
+                _registered_method=True)
 
 
 class EmbeddingServiceServicer:
@@ -123,6 +138,28 @@ class EmbeddingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterSharedMemory(self, request, context):
+        """Shared-memory output (Triton-style system shared memory): a client creates a POSIX
+        shared-memory object under /dev/shm, registers it here, and names it in a request's
+        `output`; the server writes the [T, C] rows straight into it and the response carries
+        only shape, dtype and the byte range.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterSharedMemory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSharedMemory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EmbeddingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +197,21 @@ def add_EmbeddingServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=embedding_dot_v1_dot_embedding__pb2.GetModelInfoRequest.FromString,
                     response_serializer=embedding_dot_v1_dot_embedding__pb2.ModelInfo.SerializeToString,
+            ),
+            'RegisterSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterSharedMemory,
+                    request_deserializer=embedding_dot_v1_dot_embedding__pb2.RegisterSharedMemoryRequest.FromString,
+                    response_serializer=embedding_dot_v1_dot_embedding__pb2.RegisterSharedMemoryResponse.SerializeToString,
+            ),
+            'UnregisterSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterSharedMemory,
+                    request_deserializer=embedding_dot_v1_dot_embedding__pb2.UnregisterSharedMemoryRequest.FromString,
+                    response_serializer=embedding_dot_v1_dot_embedding__pb2.UnregisterSharedMemoryResponse.SerializeToString,
+            ),
+            'ListSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSharedMemory,
+                    request_deserializer=embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryRequest.FromString,
+                    response_serializer=embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +403,87 @@ class EmbeddingService:
             '/embedding.v1.EmbeddingService/GetModelInfo',
             embedding_dot_v1_dot_embedding__pb2.GetModelInfoRequest.SerializeToString,
             embedding_dot_v1_dot_embedding__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedding.v1.EmbeddingService/RegisterSharedMemory',
+            embedding_dot_v1_dot_embedding__pb2.RegisterSharedMemoryRequest.SerializeToString,
+            embedding_dot_v1_dot_embedding__pb2.RegisterSharedMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedding.v1.EmbeddingService/UnregisterSharedMemory',
+            embedding_dot_v1_dot_embedding__pb2.UnregisterSharedMemoryRequest.SerializeToString,
+            embedding_dot_v1_dot_embedding__pb2.UnregisterSharedMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedding.v1.EmbeddingService/ListSharedMemory',
+            embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryRequest.SerializeToString,
+            embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,165 @@
+"""Feed this service's embeddings to Hugging Face GPT-2 as ``inputs_embeds``.
+
+HF ``GPT2Model.forward`` computes ``hidden = inputs_embeds + wpe(position_ids)``: it adds
+the position rows itself. So the request is ``compose="token"`` (token rows only), and
+when the sequence does not start at position 0 the same offset goes to both sides:
+``start_position=s`` to this service, ``position_ids = s .. s+T-1`` to HF. With that, the
+logits equal those HF computes from ``input_ids`` bit for bit in float32.
+
+Without ``--target`` the script builds everything itself, offline: a small random
+``GPT2LMHeadModel`` saved with ``save_pretrained``, imported with
+``python -m training.importers hf-gpt2``, and served on a free port in this process.
+
+    python examples/hf_inputs_embeds.py --text "hello world" --start-position 5
+    python examples/hf_inputs_embeds.py --target 127.0.0.1:50051 --hf-dir ./gpt2 --model gpt2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from client import EmbeddingClient
+
+__all__ = ["HFInputs", "build_hf_gpt2", "fetch_inputs", "import_hf_gpt2", "local_server",
+           "logits_both_ways", "main"]
+
+
+@dataclass(frozen=True)
+class HFInputs:
+    """What HF's forward takes, built from one Embed response."""
+
+    input_ids: torch.Tensor  # (1, T) int64: the ids the service tokenized
+    inputs_embeds: torch.Tensor  # (1, T, C) float32: token rows only
+    position_ids: torch.Tensor  # (1, T) int64: start_position .. start_position+T-1
+
+
+def build_hf_gpt2(out_dir: Path, seed: int = 0, n_embd: int = 32, n_layer: int = 2,
+                  n_head: int = 4, n_positions: int = 64) -> Any:
+    """A random-init ``GPT2LMHeadModel`` with GPT-2's vocabulary, saved as safetensors."""
+    import transformers  # here, not at import: the module docstring and --help stay cheap
+
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=n_positions,
+                                     n_embd=n_embd, n_layer=n_layer, n_head=n_head)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return model
+
+
+def import_hf_gpt2(hf_dir: Path, repository: Path, name: str) -> Path:
+    """Import the saved model's wte/wpe as version 1 of ``name`` (the CLI importer's code)."""
+    from training.importers import main as import_main
+
+    out = repository / name / "1"
+    if import_main(["hf-gpt2", str(hf_dir), "--out", str(out)]) != 0:
+        raise RuntimeError(f"import of {hf_dir} failed (see stderr)")
+    return out
+
+
+@contextlib.contextmanager
+def local_server(repository: Path, default_model: str) -> Iterator[str]:
+    """Serve ``repository`` in this process on a free port; yields the ``host:port``."""
+    from service.config import ServerConfig
+    from service.server import start_in_thread
+
+    config = ServerConfig(model_repository=repository, default_model=default_model,
+                          host="127.0.0.1", grpc_port=0, metrics_port=0, poll_seconds=0,
+                          device="cpu")
+    handle = start_in_thread(config)
+    try:
+        yield handle.target
+    finally:
+        handle.stop()
+
+
+def fetch_inputs(client: EmbeddingClient, text: str, *, model: str = "",
+                 start_position: int = 0) -> HFInputs:
+    """Ask the service for token rows and build HF's three tensors from the answer."""
+    e = client.embed(text, model=model, compose="token", dtype="float32",
+                     start_position=start_position)
+    T = len(e.token_ids)
+    # The array is a read-only view of the response bytes; torch wants writable memory.
+    inputs_embeds = torch.from_numpy(e.array.copy()).unsqueeze(0)  # (1, T, C)
+    position_ids = torch.arange(e.start_position, e.start_position + T).unsqueeze(0)  # (1, T)
+    return HFInputs(torch.tensor([e.token_ids]), inputs_embeds, position_ids)
+
+
+@torch.inference_mode()
+def logits_both_ways(model: Any, inputs: HFInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits from input_ids, logits from inputs_embeds), each (1, T, vocab_size)."""
+    from_ids = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids).logits
+    from_embeds = model(inputs_embeds=inputs.inputs_embeds,
+                        position_ids=inputs.position_ids).logits
+    return from_ids, from_embeds
+
+
+def _load_hf(hf_dir: Path) -> Any:
+    import transformers
+
+    return transformers.GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True).eval()
+
+
+def _report(model: Any, client: EmbeddingClient, text: str, name: str, start: int) -> bool:
+    inputs = fetch_inputs(client, text, model=name, start_position=start)
+    from_ids, from_embeds = logits_both_ways(model, inputs)
+    same = torch.equal(from_ids, from_embeds)
+    T, C = inputs.inputs_embeds.shape[1:]
+    print(f"token_ids {inputs.input_ids[0].tolist()}  inputs_embeds ({T}, {C}) float32  "
+          f"position_ids {start}..{start + T - 1}")
+    print(f"logits from input_ids vs inputs_embeds: "
+          f"{'bit-identical' if same else 'DIFFERENT'} {tuple(from_ids.shape)}")
+    # The mistake this example exists to prevent: the default compose already holds wpe.
+    wrong = client.embed(text, model=name, start_position=start).array.copy()
+    bad = dict(vars(inputs), inputs_embeds=torch.from_numpy(wrong).unsqueeze(0))
+    twice = logits_both_ways(model, HFInputs(**bad))[1]
+    print(f"with compose=token+position (positions added twice): max |diff| "
+          f"{(twice - from_ids).abs().max().item():.3g}")
+    return same
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison; exit status 0 when the logits are bit-identical."""
+    parser = argparse.ArgumentParser(
+        prog="python examples/hf_inputs_embeds.py",
+        description="Embedding-service output as HF GPT-2 inputs_embeds: same logits as "
+                    "input_ids, bit for bit (float32).")
+    parser.add_argument("--text", default="Input embeddings are what the first block reads.")
+    parser.add_argument("--start-position", type=int, default=7,
+                        help="position of the first token (sent as start_position and as "
+                             "HF position_ids)")
+    parser.add_argument("--target", help="a running service; default: build a random "
+                                         "model and serve it here")
+    parser.add_argument("--hf-dir", type=Path,
+                        help="with --target: the saved HF GPT-2 whose tables it serves")
+    parser.add_argument("--model", default="hf-gpt2", help="model name in the repository")
+    parser.add_argument("--seed", type=int, default=0, help="random init of the local model")
+    args = parser.parse_args(argv)
+    if (args.target is None) != (args.hf_dir is None):
+        parser.error("--target and --hf-dir go together")
+
+    if args.target is not None:
+        with EmbeddingClient(args.target, timeout=30) as client:
+            same = _report(_load_hf(args.hf_dir), client, args.text, args.model,
+                           args.start_position)
+        return 0 if same else 1
+    with tempfile.TemporaryDirectory(prefix="hf-inputs-embeds-") as tmp:
+        hf_dir, repository = Path(tmp) / "hf", Path(tmp) / "models"
+        model = build_hf_gpt2(hf_dir, seed=args.seed)
+        import_hf_gpt2(hf_dir, repository, args.model)
+        with local_server(repository, args.model) as target, \
+                EmbeddingClient(target, timeout=30) as client:
+            same = _report(model, client, args.text, args.model, args.start_position)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

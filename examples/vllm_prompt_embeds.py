@@ -1,0 +1,155 @@
+"""Build the exact ``prompt_embeds`` object vLLM takes, from this service's output.
+
+vLLM (``vllm.inputs.EmbedsPrompt``, https://docs.vllm.ai/en/stable/features/prompt_embeds/)
+takes ``{"prompt_embeds": tensor}`` with ``tensor`` a torch tensor of shape
+``(sequence_length, hidden_size)``; the engine must be started with
+``LLM(model=..., enable_prompt_embeds=True)`` (``vllm serve --enable-prompt-embeds`` for
+the OpenAI server, whose Completions API takes the tensor ``torch.save``-d and base64
+encoded in a ``"prompt_embeds"`` field). What to ask this service for:
+
+- ``compose="token"``: vLLM's GPT-2 computes ``inputs_embeds + wpe(positions)`` itself
+  (``vllm/model_executor/models/gpt2.py``), and vLLM numbers the prompt's positions from
+  0, so ``start_position`` stays 0. For RoPE models (Llama) the token rows are all there
+  is: any compose but ``"position"`` gives the same rows.
+- ``dtype`` = the dtype vLLM runs the model in (``LLM(..., dtype="bfloat16")``): the rows
+  are then exactly what vLLM's own embedding lookup would produce, with nothing to cast.
+
+vLLM itself is not run here (it needs a GPU and is not installed); this script builds the
+request objects and checks them against the served table. Without ``--target`` it builds
+a small random HF GPT-2, imports its tables and serves them in this process, offline.
+
+    python examples/vllm_prompt_embeds.py --text "hello world" --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import io
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from client import EmbeddingClient
+from client.codec import Embedding
+
+__all__ = ["TORCH_DTYPES", "completions_body", "embeds_prompt", "local_server", "main",
+           "to_torch"]
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
+                "bfloat16": torch.bfloat16}
+
+
+def to_torch(e: Embedding) -> torch.Tensor:
+    """The response as a (T, C) torch tensor in the wire dtype, bits unchanged.
+
+    bfloat16 needs a client made with ``raw_bfloat16=True``: the array is then the raw
+    uint16 bits, viewed (not converted) as torch.bfloat16.
+    """
+    if e.wire_dtype == "bfloat16":
+        if e.array.dtype != np.uint16:
+            raise ValueError("bfloat16 response was widened to float32: use raw_bfloat16=True")
+        bits = torch.from_numpy(e.array.view(np.int16).copy())  # (T, C); copy: read-only view
+        return bits.view(torch.bfloat16)  # same bits, now typed as bfloat16
+    return torch.from_numpy(e.array.copy())  # (T, C) float32 or float16
+
+
+def embeds_prompt(client: EmbeddingClient, text: str, *, model: str = "",
+                  dtype: str = "bfloat16") -> dict[str, Any]:
+    """``vllm.inputs.EmbedsPrompt`` for ``text``: ``{"prompt_embeds": (T, hidden_size)}``."""
+    e = client.embed(text, model=model, compose="token", dtype=dtype, start_position=0)
+    tensor = to_torch(e)
+    if tensor.dtype != TORCH_DTYPES[dtype] or tensor.shape != (len(e.token_ids),
+                                                               e.array.shape[1]):
+        raise AssertionError(f"got {tensor.dtype} {tuple(tensor.shape)}")
+    return {"prompt_embeds": tensor}
+
+
+def completions_body(prompt: dict[str, Any], model: str, max_tokens: int = 16
+                     ) -> dict[str, Any]:
+    """The JSON body for vLLM's OpenAI ``/v1/completions`` with ``--enable-prompt-embeds``.
+
+    vLLM reads the field with ``torch.load(BytesIO(b64decode(...)), weights_only=True)``.
+    """
+    buffer = io.BytesIO()
+    torch.save(prompt["prompt_embeds"], buffer)
+    return {"model": model, "prompt_embeds": base64.b64encode(buffer.getvalue()).decode(),
+            "max_tokens": max_tokens}
+
+
+@contextlib.contextmanager
+def local_server(repository: Path, default_model: str) -> Iterator[str]:
+    """Serve ``repository`` in this process on a free port; yields the ``host:port``."""
+    from service.config import ServerConfig
+    from service.server import start_in_thread
+
+    handle = start_in_thread(ServerConfig(
+        model_repository=repository, default_model=default_model, host="127.0.0.1",
+        grpc_port=0, metrics_port=0, poll_seconds=0, device="cpu"))
+    try:
+        yield handle.target
+    finally:
+        handle.stop()
+
+
+def _build_gpt2(repository: Path, name: str, seed: int) -> Path:
+    """A small random HF GPT-2 (the directory vLLM would load), tables imported."""
+    import transformers
+
+    from training.importers import main as import_main
+
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=64,
+                                     n_layer=1, n_head=4)
+    hf_dir = repository.parent / "hf-gpt2"
+    transformers.GPT2LMHeadModel(config).save_pretrained(hf_dir, safe_serialization=True)
+    if import_main(["hf-gpt2", str(hf_dir), "--out", str(repository / name / "1")]) != 0:
+        raise RuntimeError(f"import of {hf_dir} failed (see stderr)")
+    return hf_dir
+
+
+def _show(client: EmbeddingClient, text: str, model: str, dtype: str) -> None:
+    prompt = embeds_prompt(client, text, model=model, dtype=dtype)
+    t = prompt["prompt_embeds"]
+    body = completions_body(prompt, model=model or "<served model name>")
+    print(f"prompt_embeds {tuple(t.shape)} {t.dtype} (T, hidden_size)")
+    print(f'offline: LLM(model=DIR, dtype="{dtype}", enable_prompt_embeds=True)'
+          f".generate({{'prompt_embeds': tensor}})")
+    print(f"online:  POST /v1/completions {{'model': ..., 'prompt_embeds': "
+          f"<{len(body['prompt_embeds'])} base64 chars>, 'max_tokens': 16}}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Build and print the request objects (vLLM is not called)."""
+    parser = argparse.ArgumentParser(
+        prog="python examples/vllm_prompt_embeds.py",
+        description="Build vLLM's prompt_embeds from the embedding service (token rows, "
+                    "the model's dtype). vLLM itself is not run.")
+    parser.add_argument("--text", default="Input embeddings are what the first block reads.")
+    parser.add_argument("--dtype", choices=sorted(TORCH_DTYPES), default="bfloat16",
+                        help="the dtype vLLM runs the model in")
+    parser.add_argument("--target", help="a running service; default: serve a random "
+                                         "GPT-2's tables here")
+    parser.add_argument("--model", default="", help="model name ('' = server default)")
+    args = parser.parse_args(argv)
+    if args.target is not None:
+        with EmbeddingClient(args.target, timeout=30, raw_bfloat16=True) as client:
+            _show(client, args.text, args.model, args.dtype)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="vllm-prompt-embeds-") as tmp:
+        repository = Path(tmp) / "models"
+        _build_gpt2(repository, "gpt2", seed=0)
+        with local_server(repository, "gpt2") as target, \
+                EmbeddingClient(target, timeout=30, raw_bfloat16=True) as client:
+            _show(client, args.text, args.model or "gpt2", args.dtype)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Admission: one pass from a request's fields to a validated, tokenized batch of sequences.
+
+Every front (the native ``EmbeddingService``, the Open Inference Protocol face) turns its
+message into ``Options`` and a list of ``Input`` and calls ``Admitter.admit``; what comes
+back is an ``Admission`` (model, sequences after truncation, their ids as one tensor) or
+one typed error from ``service.errors``. The front then plans where the rows go and hands
+``Admission.job(dest, ...)`` to the batcher. Checks run in the order a client would fix
+them: model, enums, compose, then each input (text size, tokenize, id range, length),
+then the request's totals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from genproto.embedding.v1 import embedding_pb2 as pb
+from service.batcher import Destination, Job
+from service.codec import DTYPE_NAMES, DTYPES
+from service.errors import InvalidArgument
+from service.metrics import Metrics
+from service.repository import LoadedModel, Repository
+from service.validation import (
+    Fitted,
+    Limits,
+    check_compose,
+    check_enum,
+    check_ids,
+    check_response_size,
+    check_text,
+    fit_length,
+)
+
+__all__ = ["Admission", "Admitter", "Input", "Options"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """Request-wide settings, as proto enum numbers (each front maps its own names)."""
+
+    model: str = ""  # "" = the default model
+    version: int = 0  # 0 = the newest loaded version
+    compose: int = pb.COMPOSE_TOKEN_PLUS_POSITION
+    dtype: int = pb.DTYPE_FLOAT32
+    truncate: int = pb.TRUNCATE_NONE
+    allow_special_tokens: bool = False
+    # The rows travel in the response message (bound by max_message_bytes); False when
+    # they go to shared memory, which is bound by the region instead.
+    in_message: bool = True
+
+
+@dataclass(frozen=True)
+class Input:
+    """One sequence as a front received it: text or ids, and the field that held it."""
+
+    field: str  # named in error messages, e.g. "input", "inputs[3]", "input_ids[1]"
+    text: str | None = None
+    ids: Any = None  # int64-convertible: a proto repeated field, a list, a numpy array
+    start_position: int = 0
+    # The value's own field name when it is not the native ``<field>.text`` or
+    # ``<field>.token_ids.ids`` (the OIP face names its tensors).
+    value_field: str | None = None
+
+
+@dataclass
+class Admission:
+    """A validated request: its model, sequences after truncation, and their ids."""
+
+    model: LoadedModel
+    options: Options
+    sequences: list[Fitted]
+    tokenize_ns: int
+    lengths: list[int] = field(init=False)  # T of each sequence
+    tokens: int = field(init=False)  # rows in all: ΣT
+
+    def __post_init__(self) -> None:
+        self.lengths = [int(f.ids.shape[0]) for f in self.sequences]
+        self.tokens = sum(self.lengths)
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """Every sequence's ids, concatenated (N,)."""
+        seqs = self.sequences
+        return seqs[0].ids if len(seqs) == 1 else torch.cat([f.ids for f in seqs])
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of the output dtype."""
+        return DTYPES[self.options.dtype].itemsize
+
+    def job(self, dest: Destination, start_ns: int, deadline: float | None,
+            sequences: Sequence[Fitted] | None = None) -> Job:
+        """The batcher job writing ``sequences`` (default: all, packed) into ``dest``."""
+        if sequences is None:
+            ids, lengths, seqs = self.ids, self.lengths, self.sequences  # (N,)
+        else:
+            seqs = list(sequences)
+            ids = seqs[0].ids if len(seqs) == 1 else torch.cat([f.ids for f in seqs])
+            lengths = [int(f.ids.shape[0]) for f in seqs]
+        spans = [(f.start_position, n) for f, n in zip(seqs, lengths)]
+        return Job(self.model.tables, ids, spans, self.options.compose, dest, start_ns,
+                   self.tokenize_ns, deadline)
+
+
+class Admitter:
+    """Validates and tokenizes requests for every front, against one repository."""
+
+    def __init__(self, repo: Repository, limits: Limits, tokenize_pool: ThreadPoolExecutor,
+                 metrics: Metrics) -> None:
+        self.repo = repo
+        self.limits = limits
+        self._pool = tokenize_pool
+        self._metrics = metrics
+
+    async def admit(self, options: Options, inputs: Sequence[Input]) -> Admission:
+        """Validate ``options`` and every input; tokenize text; apply length limits."""
+        model = self.repo.get(options.model, options.version)
+        check_enum(options.compose, pb.Compose, "compose")
+        check_enum(options.dtype, pb.DType, "dtype")
+        check_enum(options.truncate, pb.Truncate, "truncate")
+        check_compose(options.compose, model)
+        if not inputs:
+            raise InvalidArgument("inputs is empty: give at least one input")
+        texts = [i for i, inp in enumerate(inputs) if inp.text is not None]
+        if len(texts) <= 1:  # ids are checked inline; one text needs no gather either
+            tokenized = [await self._tokens(model, inp, options.allow_special_tokens)
+                         for inp in inputs]
+        else:  # texts tokenize in parallel on the pool
+            encoded = await asyncio.gather(*(
+                self._tokens(model, inputs[i], options.allow_special_tokens) for i in texts))
+            by_index = dict(zip(texts, encoded))
+            tokenized = [by_index[i] if i in by_index
+                         else await self._tokens(model, inp, options.allow_special_tokens)
+                         for i, inp in enumerate(inputs)]
+        sequences = [fit_length(ids, inp.start_position, options.truncate, model, self.limits,
+                                inp.field) for (ids, _), inp in zip(tokenized, inputs)]
+        admission = Admission(model, options, sequences, sum(ns for _, ns in tokenized))
+        total = admission.tokens
+        if len(inputs) > 1 and total > self.limits.max_tokens_per_request:
+            raise InvalidArgument(f"inputs have {total} tokens in all; max_tokens_per_request "
+                                  f"is {self.limits.max_tokens_per_request}")
+        if options.in_message:
+            check_response_size(total, model, admission.itemsize, self.limits)
+        return admission
+
+    async def _tokens(self, model: LoadedModel, inp: Input,
+                      allow_special: bool) -> tuple[np.ndarray, int]:
+        """The input's ids (int64, in range) and the nanoseconds spent tokenizing."""
+        if inp.text is not None:
+            check_text(inp.text, self.limits, inp.value_field or f"{inp.field}.text")
+            t0 = time.perf_counter_ns()
+            ids = await asyncio.get_running_loop().run_in_executor(
+                self._pool, model.tokenizer.encode, inp.text, allow_special)
+            ns = time.perf_counter_ns() - t0
+            self._metrics.tokenize_duration.observe(ns / 1e9)
+            return np.asarray(ids, dtype=np.int64), ns
+        if inp.ids is not None:
+            ids_arr = np.array(inp.ids, dtype=np.int64)  # buffer protocol: ~15x fromiter
+            check_ids(ids_arr, model, inp.value_field or f"{inp.field}.token_ids.ids")
+            return ids_arr, 0
+        raise InvalidArgument(f"{inp.field} is empty: set text or token_ids")
+
+    def untrained(self, model: LoadedModel, ids: torch.Tensor) -> list[int]:
+        """Indices i < T whose token row was never updated in training (counted)."""
+        if model.untrained is None:
+            return []
+        idx = model.untrained[ids].nonzero().flatten().tolist()  # indices i < T
+        if idx:
+            self._metrics.untrained_lookups.labels(model.name).inc(len(idx))
+        return idx
+
+    def untrained_per_sequence(self, admission: Admission) -> list[list[int]]:
+        """``untrained`` for each sequence, from one lookup over all of them."""
+        B = len(admission.sequences)
+        if admission.model.untrained is None:
+            return [[] for _ in range(B)]
+        flat = self.untrained(admission.model, admission.ids)  # indices into the N rows
+        out: list[list[int]] = [[] for _ in range(B)]
+        if flat:
+            starts = np.cumsum([0, *admission.lengths[:-1]])
+            owner = np.searchsorted(starts, flat, side="right") - 1  # sequence of each row
+            for row, b in zip(flat, owner.tolist()):
+                out[b].append(row - int(starts[b]))
+        return out
+
+    def account(self, admission: Admission, job: Job) -> None:
+        """Record a finished job's tokens, bytes and queue time (on the event loop)."""
+        model = admission.model
+        nbytes = job.tokens * model.tables.dim * admission.itemsize
+        self._metrics.tokens.labels(model.name).inc(job.tokens)
+        self._metrics.output_bytes.labels(model.name,
+                                          DTYPE_NAMES[admission.options.dtype]).inc(nbytes)
+        self._metrics.queue_duration.observe(job.queue_ns / 1e9)
+

@@ -1,0 +1,219 @@
+"""The Node.js client (client/node, @grpc/grpc-js over the project's .proto files) against a
+real server: Embed, EmbedStream and ModelInfer values, bit for bit, against rows computed
+here from tiny_tables; plus its own `node --test` decode tests.
+
+Node and the npm packages come from scripts/setup_node.sh (make setup runs it). Without
+them these tests fail, naming the fix: they never skip.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from service.server import ServerHandle
+from tests.tiny_model import TRAINED_ROWS, tiny_tables
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_DIR = ROOT / "client" / "node"
+CLI = NODE_DIR / "cli.js"
+DECODE_TESTS = NODE_DIR / "test" / "decode.test.js"
+HELLO_WORLD = [31373, 995]  # "hello world" in GPT-2 BPE
+HELLO = [31373]
+IDS = [31373, 995, 50256, 0, 7]
+# Native enum names and OIP datatype names -> the cast the server applies after the fp32 add.
+CASTS: dict[str, torch.dtype] = {
+    "DTYPE_FLOAT32": torch.float32, "DTYPE_FLOAT16": torch.float16,
+    "DTYPE_BFLOAT16": torch.bfloat16,
+    "FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}
+COMPOSES = {"COMPOSE_TOKEN_PLUS_POSITION": "token_plus_position",
+            "COMPOSE_TOKEN_ONLY": "token_only", "COMPOSE_POSITION_ONLY": "position_only"}
+
+Expected = Any  # expected(ids, start, compose, dtype) -> np.ndarray (T, C) float32
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    """The node binary, with the client's locked dependencies installed."""
+    path = shutil.which("node")
+    if path is None:
+        pytest.fail("node is not on PATH: the Node.js client tests need Node.js >= 18 and npm; "
+                    "run scripts/setup_node.sh (make setup does; as root it installs Debian's "
+                    "nodejs and npm)")
+    for package in ("@grpc/grpc-js", "@grpc/proto-loader"):
+        if not (NODE_DIR / "node_modules" / package / "package.json").is_file():
+            pytest.fail(f"{package} is not installed in {NODE_DIR}/node_modules: run "
+                        f"scripts/setup_node.sh (npm ci from client/node/package-lock.json)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def expected() -> Expected:
+    """expected(ids, start, compose, dtype): the rows the server must send, widened to
+    float32: the fp32 add of the tiny tables' rows, cast to dtype (the service's rule)."""
+    token_table, position_table = tiny_tables(0)  # the seed tests/conftest.py gives "tiny"
+
+    def rows(ids: list[int], start: int = 0, compose: str = "token_plus_position",
+             dtype: str = "FP32") -> np.ndarray:
+        tok = token_table[torch.tensor(ids, dtype=torch.long)]  # (T, C)
+        pos = position_table[start:start + len(ids)]  # (T, C)
+        out = {"token_plus_position": tok + pos, "token_only": tok,
+               "position_only": pos}[COMPOSES.get(compose, compose)]
+        return out.to(CASTS[dtype]).float().numpy()
+
+    return rows
+
+
+def run_cli(node: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``node client/node/cli.js ARGS`` as a user would run it."""
+    return subprocess.run([node, str(CLI), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def cli_json(node: str, *args: str) -> Any:
+    """Run the CLI, require success and a quiet stderr, return its JSON."""
+    proc = run_cli(node, *args)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def values(out: dict[str, Any], shape: list[int]) -> np.ndarray:
+    """The decoded values the Node client printed (little-endian float32, base64)."""
+    return np.frombuffer(base64.b64decode(out["values_b64"]), dtype="<f4").reshape(shape)
+
+
+def assert_bits_equal(got: np.ndarray, want: np.ndarray) -> None:
+    """Equal bit for bit (also tells -0 from +0), with a readable first difference."""
+    assert got.shape == want.shape
+    diff = np.flatnonzero(got.astype("<f4").view("<u4") != want.astype("<f4").view("<u4"))
+    assert diff.size == 0, f"{diff.size} values differ; first at {diff[0]}: " \
+                           f"{got.flat[diff[0]]!r} != {want.flat[diff[0]]!r}"
+
+
+def untrained(ids: list[int]) -> list[int]:
+    """Indices whose token row the tiny checkpoint marks as never updated."""
+    return [i for i, t in enumerate(ids) if t >= TRAINED_ROWS]
+
+
+def checkpoint_id(tiny_repo: Path) -> str:
+    return hashlib.sha256((tiny_repo / "tiny" / "1" / "manifest.json").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("compose", list(COMPOSES))
+@pytest.mark.parametrize("dtype", ["DTYPE_FLOAT32", "DTYPE_FLOAT16", "DTYPE_BFLOAT16"])
+def test_embed_ids_every_dtype_and_compose(node: str, server: ServerHandle, tiny_repo: Path,
+                                           expected: Expected, dtype: str,
+                                           compose: str) -> None:
+    request = {"token_ids": {"ids": IDS}, "start_position": 3, "compose": compose,
+               "dtype": dtype, "request_id": f"node-{dtype}-{compose}"}
+    out = cli_json(node, "embed", "--target", server.target, "--request", json.dumps(request))
+    want = expected(IDS, 3, compose, dtype)
+    assert_bits_equal(values(out, [5, 16]), want)
+    if dtype != "DTYPE_FLOAT32":  # the cast is real: these rows differ from the fp32 ones
+        assert not np.array_equal(want, expected(IDS, 3, compose, "DTYPE_FLOAT32"))
+    del out["values_b64"]
+    assert out == {"shape": [5, 16], "dtype": dtype, "token_ids": IDS, "start_position": 3,
+                   "model": "tiny", "version": 1, "checkpoint_id": checkpoint_id(tiny_repo),
+                   "truncated_tokens": 0, "untrained_token_indices": untrained(IDS),
+                   "request_id": f"node-{dtype}-{compose}"}
+
+
+def test_embed_text_float16(node: str, server: ServerHandle, expected: Expected) -> None:
+    request = {"text": "hello world", "dtype": "DTYPE_FLOAT16", "model": "tiny"}
+    out = cli_json(node, "embed", "--target", server.target, "--request", json.dumps(request))
+    assert (out["token_ids"], out["shape"], out["dtype"]) == \
+        (HELLO_WORLD, [2, 16], "DTYPE_FLOAT16")
+    assert_bits_equal(values(out, [2, 16]), expected(HELLO_WORLD, 0, "token_plus_position",
+                                                     "FP16"))
+
+
+def test_embed_stream_answers_in_request_order(node: str, server: ServerHandle,
+                                               expected: Expected) -> None:
+    # Different lengths, dtypes and positions, so a reordered or mixed-up answer shows.
+    cases = [(IDS, 0, "COMPOSE_TOKEN_PLUS_POSITION", "DTYPE_FLOAT32"),
+             ([9, 8], 60, "COMPOSE_TOKEN_PLUS_POSITION", "DTYPE_BFLOAT16"),
+             ([50256] * 7, 1, "COMPOSE_TOKEN_ONLY", "DTYPE_FLOAT16"),
+             ([1], 63, "COMPOSE_POSITION_ONLY", "DTYPE_FLOAT32")]
+    requests = [{"token_ids": {"ids": ids}, "start_position": start, "compose": compose,
+                 "dtype": dtype, "request_id": f"r{i}"}
+                for i, (ids, start, compose, dtype) in enumerate(cases)]
+    outs = cli_json(node, "stream", "--target", server.target,
+                    "--requests", json.dumps(requests))
+    assert [o["request_id"] for o in outs] == ["r0", "r1", "r2", "r3"]
+    for out, (ids, start, compose, dtype) in zip(outs, cases, strict=True):
+        assert (out["token_ids"], out["start_position"], out["dtype"]) == (ids, start, dtype)
+        assert_bits_equal(values(out, [len(ids), 16]), expected(ids, start, compose, dtype))
+
+
+@pytest.mark.parametrize(("datatype", "compose"), [("FP32", "token_plus_position"),
+                                                   ("FP16", "token_only"),
+                                                   ("BF16", "position_only")])
+def test_model_infer_ids(node: str, server: ServerHandle, tiny_repo: Path,
+                         expected: Expected, datatype: str, compose: str) -> None:
+    batch = [[31373, 995, 11], [50256, 0, 7]]
+    request = {"model_name": "tiny", "id": "infer-1", "input_ids": batch, "start_position": 2,
+               "compose": compose, "datatype": datatype}
+    out = cli_json(node, "infer", "--target", server.target, "--request", json.dumps(request))
+    embeddings, lengths = out["outputs"]
+    assert (out["model_name"], out["model_version"], out["id"]) == ("tiny", "1", "infer-1")
+    assert out["parameters"] == {"checkpoint_id": checkpoint_id(tiny_repo),
+                                 "truncated_tokens": 0, "start_position": 2}
+    assert (embeddings["name"], embeddings["datatype"], embeddings["shape"]) == \
+        ("embeddings", datatype, [2, 3, 16])
+    want = np.stack([expected(row, 2, compose, datatype) for row in batch])  # (B, T, C)
+    assert_bits_equal(values(embeddings, [2, 3, 16]), want)
+    assert lengths == {"name": "sequence_lengths", "datatype": "INT64", "shape": [2],
+                       "values": [3, 3]}
+
+
+def test_model_infer_ragged_text_pads_with_zeros(node: str, server: ServerHandle,
+                                                 expected: Expected) -> None:
+    request = {"text": ["hello world", "hello"], "datatype": "BF16"}
+    out = cli_json(node, "infer", "--target", server.target, "--request", json.dumps(request))
+    embeddings, lengths = out["outputs"]
+    assert lengths["values"] == [2, 1]
+    want = np.zeros((2, 2, 16), dtype=np.float32)
+    want[0] = expected(HELLO_WORLD, 0, "token_plus_position", "BF16")
+    want[1, :1] = expected(HELLO, 0, "token_plus_position", "BF16")
+    assert_bits_equal(values(embeddings, [2, 2, 16]), want)
+
+
+@pytest.mark.parametrize(("command", "request_json", "code", "names"), [
+    ("embed", {"token_ids": {"ids": [50257]}}, "INVALID_ARGUMENT", "50257"),
+    ("embed", {"model": "nope", "text": "hi"}, "NOT_FOUND", "nope"),
+    ("infer", {"input_ids": [[1, 2]], "compose": "sideways"}, "INVALID_ARGUMENT", "compose"),
+])
+def test_errors_are_one_line_with_the_status_code(node: str, server: ServerHandle,
+                                                  command: str, request_json: dict[str, Any],
+                                                  code: str, names: str) -> None:
+    proc = run_cli(node, command, "--target", server.target, "--request",
+                   json.dumps(request_json))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith(f"error: {code}: "), proc.stderr
+    assert names in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_node_decode_unit_tests_pass(node: str) -> None:
+    # The pure fp16/bf16 decode tests, run by Node's own runner: all of them, none failed.
+    declared = len(re.findall(r"^test\(", DECODE_TESTS.read_text(), flags=re.M))
+    # TAP named explicitly: newer Node versions default to the "spec" reporter.
+    proc = subprocess.run([node, "--test", "--test-reporter=tap", str(DECODE_TESTS)],
+                          cwd=NODE_DIR, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = dict(re.findall(r"^# (pass|fail|skipped|todo|cancelled) (\d+)$", proc.stdout,
+                             flags=re.M))
+    assert counts == {"pass": str(declared), "fail": "0", "skipped": "0", "todo": "0",
+                      "cancelled": "0"}
+    assert declared >= 8

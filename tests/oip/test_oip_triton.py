@@ -1,0 +1,192 @@
+"""The OIP face with the real tritonclient: metadata, every dtype and compose, batches,
+offsets, text, and the status table — each answer bit for bit the native Embed's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from client.shm import SharedMemoryRegion
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from service.server import ServerHandle
+from tests.oip.conftest import Triton
+from tests.tiny_model import DIM, start
+
+DATATYPES = {"FP32": (pb.DTYPE_FLOAT32, "float32"), "FP16": (pb.DTYPE_FLOAT16, "float16"),
+             "BF16": (pb.DTYPE_BFLOAT16, "bfloat16")}
+COMPOSE = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITION,
+           "token_only": pb.COMPOSE_TOKEN_ONLY, "position_only": pb.COMPOSE_POSITION_ONLY}
+IDS = [[31373, 995, 0, 50256, 7], [1, 2, 3, 4, 5]]
+
+
+@pytest.fixture(scope="module")
+def native(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
+    with grpc.insecure_channel(server.target) as channel:
+        yield pb_grpc.EmbeddingServiceStub(channel)
+
+
+def native_rows(stub: pb_grpc.EmbeddingServiceStub, **fields: object) -> bytes:
+    return stub.Embed(pb.EmbedRequest(**fields)).embeddings.data  # type: ignore[arg-type]
+
+
+def test_health_and_metadata(server: ServerHandle, triton: Triton) -> None:
+    ready, meta, smeta, missing = triton(server.target, [
+        {"op": "ready", "model": "tiny"}, {"op": "model_metadata", "model": "tiny"},
+        {"op": "server_metadata"}, {"op": "ready", "model": "nope"}])
+    assert ready["ok"] == {"live": True, "ready": True, "model_ready": True}
+    assert missing["ok"]["model_ready"] is False
+    assert meta["ok"] == {
+        "name": "tiny", "versions": ["1"], "platform": "embedding",
+        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": ["-1", "-1"]},
+                   {"name": "text", "datatype": "BYTES", "shape": ["-1"]}],
+        "outputs": [{"name": "embeddings", "datatype": "FP32", "shape": ["-1", "-1", str(DIM)]},
+                    {"name": "sequence_lengths", "datatype": "INT64", "shape": ["-1"]}]}
+    assert smeta["ok"]["name"] == "embedding-service"
+    assert smeta["ok"]["extensions"] == ["parameters", "system_shared_memory"]
+
+
+@pytest.mark.parametrize("datatype", list(DATATYPES))
+@pytest.mark.parametrize("compose", list(COMPOSE))
+def test_infer_equals_native_embed(server: ServerHandle, triton: Triton,
+                                   native: pb_grpc.EmbeddingServiceStub, datatype: str,
+                                   compose: str) -> None:
+    (got,) = triton(server.target, [{
+        "op": "infer", "ids": IDS, "id": "r-1", "outputs": ["embeddings"],
+        "parameters": {"start_position": 3, "compose": compose, "datatype": datatype}}])
+    dtype, np_dtype = DATATYPES[datatype]
+    want = b"".join(native_rows(native, token_ids=pb.TokenIds(ids=ids), start_position=3,
+                                compose=COMPOSE[compose], dtype=dtype) for ids in IDS)
+    out = got["ok"]["outputs"]["embeddings"]
+    assert (out["dtype"], out["shape"]) == (np_dtype, [2, 5, DIM])
+    assert bytes.fromhex(out["hex"]) == want
+    assert list(got["ok"]["outputs"]) == ["embeddings"]
+    assert (got["ok"]["model_name"], got["ok"]["model_version"], got["ok"]["id"]) == \
+        ("tiny", "1", "r-1")
+    assert got["ok"]["parameters"]["start_position"] == "int64_param: 3"
+
+
+def test_int32_ids_and_version(server: ServerHandle, triton: Triton,
+                               native: pb_grpc.EmbeddingServiceStub) -> None:
+    (got,) = triton(server.target, [{"op": "infer", "ids": [IDS[0]], "id_dtype": "int32",
+                                     "version": "1"}])
+    out = got["ok"]["outputs"]
+    assert bytes.fromhex(out["embeddings"]["hex"]) == native_rows(
+        native, token_ids=pb.TokenIds(ids=IDS[0]))
+    assert np.frombuffer(bytes.fromhex(out["sequence_lengths"]["hex"]), "<i8").tolist() == [5]
+
+
+def test_text_batch_pads_shorter_sequences_with_zero_rows(
+        server: ServerHandle, triton: Triton, native: pb_grpc.EmbeddingServiceStub) -> None:
+    texts = ["hello world, again", "hi"]
+    (got,) = triton(server.target, [{"op": "infer", "texts": texts,
+                                     "parameters": {"datatype": "FP16"}}])
+    out = got["ok"]["outputs"]
+    lengths = np.frombuffer(bytes.fromhex(out["sequence_lengths"]["hex"]), "<i8").tolist()
+    assert lengths == [4, 1]  # "hello", " world", ",", " again" | "hi"
+    rows = np.frombuffer(bytes.fromhex(out["embeddings"]["hex"]), np.float16).reshape(2, 4, DIM)
+    for b, text in enumerate(texts):
+        want = np.frombuffer(native_rows(native, text=text, dtype=pb.DTYPE_FLOAT16), np.float16)
+        assert rows[b, : lengths[b]].tobytes() == want.tobytes()
+    assert not rows[1, 1:].any()  # padding rows are zero
+
+
+ERRORS = [
+    ({"ids": [[1, 50257]]}, "INVALID_ARGUMENT",
+     "input_ids[0][1]=50257 is out of range [0, 50257) for model 'tiny'"),
+    ({"ids": [[1] * 65]}, "INVALID_ARGUMENT",
+     "start_position (0) + T (65) = 65 exceeds max_seq_len 64 of model 'tiny' "
+     "(or set truncate)"),
+    ({"ids": [[1, 2]], "parameters": {"start_position": 63}}, "INVALID_ARGUMENT",
+     "start_position (63) + T (2) = 65 exceeds max_seq_len 64 of model 'tiny' "
+     "(or set truncate)"),
+    ({"ids": [[1]], "parameters": {"compose": "tokens"}}, "INVALID_ARGUMENT",
+     "parameters['compose']='tokens' must be one of ['position_only', 'token_only', "
+     "'token_plus_position']"),
+    ({"ids": [[1]], "parameters": {"datatype": "FP64"}}, "INVALID_ARGUMENT",
+     "datatype='FP64' of output 'embeddings' must be one of ['BF16', 'FP16', 'FP32']"),
+    ({"ids": [[1]], "parameters": {"start_positon": 1}}, "INVALID_ARGUMENT",
+     "parameters ['start_positon'] are not known; this model takes ['allow_special_tokens', "
+     "'compose', 'datatype', 'start_position', 'truncate']"),
+    ({"ids": [[1]], "outputs": ["logits"]}, "INVALID_ARGUMENT",
+     "output 'logits' is not an output of this model (outputs: embeddings, sequence_lengths)"),
+    ({"texts": [{"hex": "ff61"}]}, "INVALID_ARGUMENT", "input 'text'[0] is not valid UTF-8 "
+     "(byte 0)"),
+    ({"ids": [[1]], "model": "nope"}, "NOT_FOUND", "model 'nope' is not loaded (loaded: rope, "
+     "tiny)"),
+    ({"ids": [[1]], "version": "7"}, "NOT_FOUND",
+     "version 7 of model 'tiny' is not loaded (serving version 1)"),
+    ({"ids": [[1]], "version": "x"}, "INVALID_ARGUMENT",
+     "model_version='x' must be empty or a positive integer"),
+    ({"ids": [[1]], "model": "rope", "parameters": {"compose": "position_only"}},
+     "FAILED_PRECONDITION", "compose=COMPOSE_POSITION_ONLY needs a position table; model "
+     "'rope' has position 'none'"),
+]
+
+
+@pytest.mark.parametrize(("call", "status", "message"), ERRORS)
+def test_error_rows(server: ServerHandle, triton: Triton, call: dict[str, object],
+                    status: str, message: str) -> None:
+    got, after = triton(server.target, [{"op": "infer", **call},
+                                        {"op": "infer", "ids": [[1, 2]]}])
+    assert (got.get("status"), got.get("message")) == (status, message)
+    assert after["ok"]["outputs"]["embeddings"]["shape"] == [1, 2, DIM]  # still serving
+
+
+def test_auth_and_response_size(tiny_repo: Path, triton: Triton) -> None:
+    handle = start(tiny_repo, max_message_bytes=2000, auth_token="t0ken")
+    try:
+        ok = {"authorization": "Bearer t0ken"}
+        no_auth, too_big, fine = (
+            triton(handle.target, [{"op": "infer", "ids": [[1]]}])[0],
+            triton(handle.target, [{"op": "infer", "ids": [[1] * 40]}], headers=ok)[0],
+            triton(handle.target, [{"op": "infer", "ids": [[1] * 4]}], headers=ok)[0])
+    finally:
+        handle.stop()
+    assert (no_auth["status"], no_auth["message"]) == (
+        "UNAUTHENTICATED", "missing or invalid 'authorization: Bearer <token>'")
+    assert too_big["status"] == "RESOURCE_EXHAUSTED"
+    assert too_big["message"].endswith("the largest T that fits is 12")
+    assert fine["ok"]["outputs"]["embeddings"]["shape"] == [1, 4, DIM]
+
+
+def test_no_model_loaded_is_unavailable(tmp_path: Path, triton: Triton) -> None:
+    handle = start(tmp_path)
+    try:
+        got, ready = triton(handle.target, [{"op": "infer", "ids": [[1]]},
+                                            {"op": "ready", "model": "tiny"}])
+    finally:
+        handle.stop()
+    assert (got["status"], got["message"]) == ("UNAVAILABLE",
+                                               "no model is loaded yet; retry shortly")
+    assert ready["ok"] == {"live": True, "ready": False, "model_ready": False}
+
+
+@pytest.mark.parametrize("datatype", list(DATATYPES))
+def test_shared_memory_output(server: ServerHandle, triton: Triton,
+                              native: pb_grpc.EmbeddingServiceStub, datatype: str) -> None:
+    dtype, _ = DATATYPES[datatype]
+    want = b"".join(native_rows(native, token_ids=pb.TokenIds(ids=ids), dtype=dtype)
+                    for ids in IDS)
+    with SharedMemoryRegion("triton", 8192) as region:
+        register, status, got, too_small, unregister = triton(server.target, [
+            {"op": "shm_register", "name": "out0", "key": region.key, "byte_size": 8192},
+            {"op": "shm_status"},
+            {"op": "infer", "ids": IDS, "parameters": {"datatype": datatype},
+             "shm": {"region": "out0", "byte_size": len(want), "offset": 256}},
+            {"op": "infer", "ids": [[1] * 64] * 9,
+             "shm": {"region": "out0", "byte_size": 8192}},
+            {"op": "shm_unregister", "name": "out0"}])
+        assert bytes(region.mapping[256: 256 + len(want)]) == want
+    assert register == unregister == {"ok": {}}
+    assert status["ok"]["regions"]["out0"] == {"name": "out0", "key": region.key,
+                                               "byte_size": "8192"}
+    out = got["ok"]["outputs"]["embeddings"]
+    assert (out["datatype"], out["shape"]) == (datatype, [2, 5, DIM])
+    assert (too_small["status"], too_small["message"]) == (
+        "INVALID_ARGUMENT", "outputs['embeddings']: the output needs 36864 bytes at offset 0 "
+        "but region 'out0' has 8192 bytes; the largest T that fits is 14")
