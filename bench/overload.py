@@ -24,6 +24,8 @@ import asyncio
 import json
 import os
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,9 +68,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _launch(args: argparse.Namespace, repo: Path) -> ServerProcess:
-    import subprocess
-    import sys
-
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)

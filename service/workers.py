@@ -124,8 +124,11 @@ class _Supervisor:
 
     def on_exit(self, index: int, proc: BaseProcess) -> None:
         code = proc.exitcode
-        if self.stopping or code == 0:
-            return  # a clean exit (its own SIGTERM drain) is not a crash
+        if self.stopping:
+            return
+        if code == 0:  # a clean exit (e.g. its own SIGTERM drain) is not a crash
+            log.info("worker %d (pid %s) exited cleanly; not restarting it", index, proc.pid)
+            return
         delay = self.budgets[index].next_delay(time.monotonic())
         if delay is None:
             p = self.budgets[index].policy
