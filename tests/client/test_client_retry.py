@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -26,6 +27,18 @@ def _count(handle: ServerHandle, series: str) -> float:
             if line.startswith(series + " "):
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def _settles_at(handle: ServerHandle, series: str, want: float) -> float:
+    """The count once it stops moving: the server counts an RPC after its status is sent,
+    so the client can see the status first."""
+    deadline = time.monotonic() + 10
+    got = _count(handle, series)
+    while got < want and time.monotonic() < deadline:
+        time.sleep(0.02)
+        got = _count(handle, series)
+    time.sleep(0.2)  # and nothing more arrives
+    return _count(handle, series)
 
 
 UNAVAILABLE = 'embed_requests_total{code="UNAVAILABLE",model="_unknown",rpc="Embed"}'
@@ -61,11 +74,11 @@ def test_unavailable_is_retried_max_attempts_times(tmp_path: Path) -> None:
               pytest.raises(EmbeddingError) as err):
             c.embed("hello world")
         assert err.value.code == grpc.StatusCode.UNAVAILABLE
-        assert _count(handle, UNAVAILABLE) == 4  # the first attempt and three retries
+        assert _settles_at(handle, UNAVAILABLE, 4) == 4  # the first attempt and 3 retries
         # No policy: one attempt.
         with EmbeddingClient(handle.target, timeout=30) as c, pytest.raises(EmbeddingError):
             c.embed("hello world")
-        assert _count(handle, UNAVAILABLE) == 5
+        assert _settles_at(handle, UNAVAILABLE, 5) == 5
 
         async def once() -> None:
             async with AsyncEmbeddingClient(handle.target, timeout=30, retry=FAST) as ac:
@@ -73,7 +86,7 @@ def test_unavailable_is_retried_max_attempts_times(tmp_path: Path) -> None:
                     await ac.embed("hello world")
 
         asyncio.run(once())
-        assert _count(handle, UNAVAILABLE) == 9  # the async client takes the same option
+        assert _settles_at(handle, UNAVAILABLE, 9) == 9  # the async client takes it too
     finally:
         handle.stop()
 
@@ -85,7 +98,7 @@ def test_other_codes_are_not_retried(tiny_repo: Path) -> None:
             with pytest.raises(EmbeddingError) as err:
                 c.embed(ids=[-1])
             assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
-            assert _count(handle, INVALID) == 1
+            assert _settles_at(handle, INVALID, 1) == 1
             assert c.embed("hello world").token_ids == [31373, 995]
     finally:
         handle.stop()
