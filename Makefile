@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SHELL := /bin/bash
 
-.PHONY: setup setup-runtime run model test check proto proto-check bench bench-smoke clean
+.PHONY: setup setup-runtime run model test fuzz check proto proto-check bench bench-smoke clean
 
 setup:           ## dev environment: runtime + tests, lint, proto tools (idempotent)
 	@scripts/setup.sh dev
@@ -20,6 +20,9 @@ run: model       ## serve models/ on 127.0.0.1:50051, metrics on :9464
 
 test: setup      ## the whole test suite (no network)
 	@$(PY) -m pytest -q
+
+fuzz: setup      ## the server fuzz tests at length (CI runs a short, fixed profile)
+	@HYPOTHESIS_PROFILE=long $(PY) -m pytest -q --timeout=0 tests/service/test_fuzz.py
 
 check: setup proto-check  ## ruff + mypy
 	@$(VENV)/bin/ruff check .

@@ -33,6 +33,7 @@ from service.validation import (
     check_compose,
     check_enum,
     check_ids,
+    check_output_bytes,
     check_response_size,
     check_text,
     fit_length,
@@ -146,6 +147,8 @@ class Admitter:
         if len(inputs) > 1 and total > self.limits.max_tokens_per_request:
             raise InvalidArgument(f"inputs have {total} tokens in all; max_tokens_per_request "
                                   f"is {self.limits.max_tokens_per_request}")
+        check_output_bytes(total, model, admission.itemsize, DTYPE_NAMES[options.dtype],
+                           self.limits)
         if options.in_message:
             check_response_size(total, model, admission.itemsize, self.limits)
         return admission

@@ -115,6 +115,8 @@ class EmbeddingService:
 
     async def _embed_one(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext,
                          t0: int) -> bytes:
+        if isinstance(request, codec.Undecodable):  # a stream item that did not parse
+            await request.fail()
         kind = request.WhichOneof("input")
         admission = await self.admitter.admit(_options(request), [Input(
             "input", text=request.text if kind == "text" else None,
@@ -322,25 +324,37 @@ class EmbeddingService:
 
     def handlers(self) -> grpc.GenericRpcHandler:
         """The service's method handlers; embedding RPCs pass pre-encoded bytes through."""
-        def unary(fn: Any, req: Any, raw: bool) -> grpc.RpcMethodHandler:
-            ser = codec.identity if raw else (lambda m: m.SerializeToString())
-            return grpc.unary_unary_rpc_method_handler(fn, req.FromString, ser)
-
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {
-            "Embed": unary(self.Embed, pb.EmbedRequest, True),
-            "EmbedBatch": unary(self.EmbedBatch, pb.EmbedBatchRequest, True),
+            "Embed": self.unary("Embed", self.Embed, pb.EmbedRequest, True),
+            "EmbedBatch": self.unary("EmbedBatch", self.EmbedBatch, pb.EmbedBatchRequest, True),
             "EmbedStream": grpc.stream_stream_rpc_method_handler(
-                self.EmbedStream, pb.EmbedRequest.FromString, codec.identity),
-            "Tokenize": unary(self.Tokenize, pb.TokenizeRequest, False),
-            "Detokenize": unary(self.Detokenize, pb.DetokenizeRequest, False),
-            "ListModels": unary(self.ListModels, pb.ListModelsRequest, False),
-            "GetModelInfo": unary(self.GetModelInfo, pb.GetModelInfoRequest, False),
-            "RegisterSharedMemory": unary(self.RegisterSharedMemory,
-                                          pb.RegisterSharedMemoryRequest, False),
-            "UnregisterSharedMemory": unary(self.UnregisterSharedMemory,
-                                            pb.UnregisterSharedMemoryRequest, False),
-            "ListSharedMemory": unary(self.ListSharedMemory, pb.ListSharedMemoryRequest, False),
+                self.EmbedStream, codec.request_parser(pb.EmbedRequest), codec.identity),
+            "Tokenize": self.unary("Tokenize", self.Tokenize, pb.TokenizeRequest),
+            "Detokenize": self.unary("Detokenize", self.Detokenize, pb.DetokenizeRequest),
+            "ListModels": self.unary("ListModels", self.ListModels, pb.ListModelsRequest),
+            "GetModelInfo": self.unary("GetModelInfo", self.GetModelInfo,
+                                       pb.GetModelInfoRequest),
+            "RegisterSharedMemory": self.unary("RegisterSharedMemory", self.RegisterSharedMemory,
+                                               pb.RegisterSharedMemoryRequest),
+            "UnregisterSharedMemory": self.unary("UnregisterSharedMemory",
+                                                 self.UnregisterSharedMemory,
+                                                 pb.UnregisterSharedMemoryRequest),
+            "ListSharedMemory": self.unary("ListSharedMemory", self.ListSharedMemory,
+                                           pb.ListSharedMemoryRequest),
         })
+
+    def unary(self, rpc: str, fn: Any, request_type: Any,
+              raw: bool = False) -> grpc.RpcMethodHandler:
+        """A unary handler whose undecodable requests get INVALID_ARGUMENT (any front's);
+        ``raw``: the handler returns encoded bytes."""
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, codec.Undecodable):
+                return await self.call(rpc, "", "", context, request.fail)
+            return await fn(request, context)
+
+        ser = codec.identity if raw else (lambda m: m.SerializeToString())
+        return grpc.unary_unary_rpc_method_handler(handler, codec.request_parser(request_type),
+                                                   ser)
 
 
 def _options(request: pb.EmbedRequest | pb.EmbedBatchRequest) -> Options:

@@ -47,6 +47,9 @@ class ServerConfig:
     max_text_bytes: int = 1 << 20
     # gRPC send/receive cap; a response that would exceed it is RESOURCE_EXHAUSTED.
     max_message_bytes: int = 64 << 20
+    # Per-request cap on the [T, C] output bytes in the requested dtype, whichever way they
+    # leave (response or shared memory); 0 = bounded by max_message_bytes (or the region).
+    max_output_bytes: int = 0
     # How often the repository is re-scanned for new versions; 0 disables hot reload.
     poll_seconds: float = 5.0
     # SIGTERM: NOT_SERVING at once, then in-flight requests get this long to finish.
@@ -77,6 +80,8 @@ class ServerConfig:
             raise ValueError("need 0 < max_batch_tokens <= max_queue_tokens")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
+        if self.max_output_bytes < 0:
+            raise ValueError("max_output_bytes must be >= 0 (0 = no separate cap)")
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
 

@@ -229,23 +229,26 @@ class InferenceService:
 
     def handlers(self) -> grpc.GenericRpcHandler:
         """Method handlers; ModelInfer returns bytes laid out by ``codec``."""
-        def unary(fn: Any, req: Any, raw: bool = False) -> grpc.RpcMethodHandler:
-            ser = codec.identity if raw else (lambda m: m.SerializeToString())
-            return grpc.unary_unary_rpc_method_handler(fn, req.FromString, ser)
-
+        unary = self.native.unary
         return grpc.method_handlers_generic_handler(OIP_SERVICE_NAME, {
-            "ServerLive": unary(self.ServerLive, oip.ServerLiveRequest),
-            "ServerReady": unary(self.ServerReady, oip.ServerReadyRequest),
-            "ModelReady": unary(self.ModelReady, oip.ModelReadyRequest),
-            "ServerMetadata": unary(self.ServerMetadata, oip.ServerMetadataRequest),
-            "ModelMetadata": unary(self.ModelMetadata, oip.ModelMetadataRequest),
-            "ModelInfer": unary(self.ModelInfer, oip.ModelInferRequest, raw=True),
-            "RepositoryIndex": unary(self.RepositoryIndex, oip.RepositoryIndexRequest),
-            "SystemSharedMemoryStatus": unary(self.SystemSharedMemoryStatus,
+            "ServerLive": unary("ServerLive", self.ServerLive, oip.ServerLiveRequest),
+            "ServerReady": unary("ServerReady", self.ServerReady, oip.ServerReadyRequest),
+            "ModelReady": unary("ModelReady", self.ModelReady, oip.ModelReadyRequest),
+            "ServerMetadata": unary("ServerMetadata", self.ServerMetadata,
+                                    oip.ServerMetadataRequest),
+            "ModelMetadata": unary("ModelMetadata", self.ModelMetadata,
+                                   oip.ModelMetadataRequest),
+            "ModelInfer": unary("ModelInfer", self.ModelInfer, oip.ModelInferRequest, raw=True),
+            "RepositoryIndex": unary("RepositoryIndex", self.RepositoryIndex,
+                                     oip.RepositoryIndexRequest),
+            "SystemSharedMemoryStatus": unary("SystemSharedMemoryStatus",
+                                              self.SystemSharedMemoryStatus,
                                               oip.SystemSharedMemoryStatusRequest),
-            "SystemSharedMemoryRegister": unary(self.SystemSharedMemoryRegister,
+            "SystemSharedMemoryRegister": unary("SystemSharedMemoryRegister",
+                                                self.SystemSharedMemoryRegister,
                                                 oip.SystemSharedMemoryRegisterRequest),
-            "SystemSharedMemoryUnregister": unary(self.SystemSharedMemoryUnregister,
+            "SystemSharedMemoryUnregister": unary("SystemSharedMemoryUnregister",
+                                                  self.SystemSharedMemoryUnregister,
                                                   oip.SystemSharedMemoryUnregisterRequest),
         })
 

@@ -57,7 +57,8 @@ class EmbeddingServer:
         self.service = EmbeddingService(
             self.repo, self.batcher, self.metrics,
             Limits(config.max_tokens_per_request, config.max_text_bytes,
-                   config.max_message_bytes), self._pool, config.auth_token)
+                   config.max_message_bytes, config.max_output_bytes), self._pool,
+            config.auth_token)
         self.oip = InferenceService(self.service)  # the same admission, batcher and regions
         self.health = health.aio.HealthServicer()
         self.grpc_port = 0

@@ -15,8 +15,8 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from service.repository import LoadedModel
 
-__all__ = ["Fitted", "Limits", "check_compose", "check_enum", "check_ids", "check_response_size",
-           "check_text", "fit_length"]
+__all__ = ["Fitted", "Limits", "check_compose", "check_enum", "check_ids", "check_output_bytes",
+           "check_response_size", "check_text", "fit_length"]
 
 _RESPONSE_OVERHEAD = 1024  # bytes: identity fields, timing, framing
 _SMALL_IDS = 64  # up to this many ids, Python's min/max beat numpy's
@@ -30,6 +30,7 @@ class Limits:
     max_tokens_per_request: int
     max_text_bytes: int
     max_message_bytes: int
+    max_output_bytes: int = 0  # 0 = no cap beyond the message (or region) size
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: Loade
         raise InvalidArgument(f"{field} is empty: give text or token_ids with at least 1 token")
     max_seq_len = model.checkpoint.manifest.max_seq_len
     if start_position >= max_seq_len:
-        raise InvalidArgument(f"start_position={start_position} must be < max_seq_len "
+        raise InvalidArgument(f"{field}: start_position={start_position} must be < max_seq_len "
                               f"{max_seq_len} of model {model.name!r}")
     room = max_seq_len - start_position
     keep = min(room, limits.max_tokens_per_request)
@@ -91,7 +92,7 @@ def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: Loade
             if limits.max_tokens_per_request < T:
                 raise InvalidArgument(f"{field} has T={T} tokens; max_tokens_per_request is "
                                       f"{limits.max_tokens_per_request} (or set truncate)")
-            raise InvalidArgument(f"start_position ({start_position}) + T ({T}) = "
+            raise InvalidArgument(f"{field}: start_position ({start_position}) + T ({T}) = "
                                   f"{start_position + T} exceeds max_seq_len {max_seq_len} "
                                   f"of model {model.name!r} (or set truncate)")
         # TRUNCATE_LEFT keeps the tail; either way the kept tokens start at start_position.
@@ -119,3 +120,18 @@ def check_response_size(tokens: int, model: LoadedModel, itemsize: int,
         raise ResourceExhausted(f"response would be ~{size} bytes ({tokens} tokens x "
                                 f"{model.tables.dim} x {itemsize} B) > max_message_bytes "
                                 f"{limits.max_message_bytes}; the largest T that fits is {fits}")
+
+
+def check_output_bytes(tokens: int, model: LoadedModel, itemsize: int, dtype_name: str,
+                       limits: Limits) -> None:
+    """Refuse before compute an output over ``max_output_bytes`` in the requested dtype."""
+    if not limits.max_output_bytes:
+        return
+    per_token = model.tables.dim * itemsize
+    size = tokens * per_token
+    if size > limits.max_output_bytes:
+        raise ResourceExhausted(f"output would be {size} bytes ({tokens} tokens x "
+                                f"{model.tables.dim} x {itemsize} B {dtype_name}) > "
+                                f"max_output_bytes {limits.max_output_bytes}; the largest T "
+                                f"that fits in {dtype_name} is "
+                                f"{limits.max_output_bytes // per_token}")

@@ -53,13 +53,13 @@ def stub(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
     (pb.EmbedRequest(token_ids=ids(*[1] * 70, 50300)),
      "input.token_ids.ids[70]=50300 is out of range [0, 50257) for model 'tiny'"),
     (pb.EmbedRequest(token_ids=ids(*[1] * 65)),
-     "start_position (0) + T (65) = 65 exceeds max_seq_len 64 of model 'tiny' "
+     "input: start_position (0) + T (65) = 65 exceeds max_seq_len 64 of model 'tiny' "
      "(or set truncate)"),
     (pb.EmbedRequest(token_ids=ids(1, 2, 3), start_position=62),
-     "start_position (62) + T (3) = 65 exceeds max_seq_len 64 of model 'tiny' "
+     "input: start_position (62) + T (3) = 65 exceeds max_seq_len 64 of model 'tiny' "
      "(or set truncate)"),
     (pb.EmbedRequest(token_ids=ids(1), start_position=64),
-     "start_position=64 must be < max_seq_len 64 of model 'tiny'"),
+     "input: start_position=64 must be < max_seq_len 64 of model 'tiny'"),
     (pb.EmbedRequest(token_ids=ids(1), compose=7),  # type: ignore[arg-type]
      "compose=7 is not a valid Compose (COMPOSE_TOKEN_PLUS_POSITION, COMPOSE_TOKEN_ONLY, "
      "COMPOSE_POSITION_ONLY)"),
@@ -194,3 +194,27 @@ def test_internal_error_hides_details_and_logs_request_id(
     assert any("request_id=r-42" in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
     assert list(stub.Embed(GOOD).token_ids) == [31373, 995]
+
+
+@pytest.mark.parametrize(("dtype", "T", "largest"), [
+    (pb.DTYPE_FLOAT32, 16, 15), (pb.DTYPE_BFLOAT16, 32, 31), (pb.DTYPE_FLOAT16, 32, 31)])
+def test_output_bytes_limit_names_the_largest_T_for_the_dtype(tiny_repo: Path, dtype: int,
+                                                             T: int, largest: int) -> None:
+    handle = start(tiny_repo, max_output_bytes=1000)  # C=16: 64 B/row fp32, 32 B/row 16-bit
+    try:
+        with grpc.insecure_channel(handle.target) as channel:
+            stub = pb_grpc.EmbeddingServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=[1] * T), dtype=dtype))
+            fits = stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=[1] * largest),
+                                              dtype=dtype))
+    finally:
+        handle.stop()
+    name = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_BFLOAT16: "bfloat16",
+            pb.DTYPE_FLOAT16: "float16"}[dtype]
+    itemsize = 4 if dtype == pb.DTYPE_FLOAT32 else 2
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert info.value.details() == (
+        f"output would be {T * 16 * itemsize} bytes ({T} tokens x 16 x {itemsize} B {name}) > "
+        f"max_output_bytes 1000; the largest T that fits in {name} is {largest}")
+    assert list(fits.embeddings.shape) == [largest, 16]
