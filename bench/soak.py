@@ -11,7 +11,8 @@ in (``--bad``), and one worker is SIGKILLed (``--kill-at``) for the parent to re
 The server polls the repository every ``--poll-seconds``.
 
 Prints progress every ``--progress`` seconds, then the summary; writes
-``<out>/soak.json`` and ``<out>/soak.png`` (p50/p99 and server RSS over time). Exits 1
+``<out>/soak.json``, ``<out>/soak.png`` (p50/p99 and server RSS over time) and the
+server's log ``<out>/soak-server.log``; the temporary model repository is removed. Exits 1
 unless lost = corrupted = wrong codes = failed valid requests = 0, no bad version was
 served, the last good version is served at the end, and the killed worker came back.
 """
@@ -23,6 +24,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import tempfile
 import time
@@ -272,6 +274,8 @@ def run_soak(args: argparse.Namespace) -> dict[str, Any]:
             exit_code = None
     report = _report(run, final, exit_code)
     args.out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run.server.log, args.out / "soak-server.log")
+    shutil.rmtree(root, ignore_errors=True)  # the repository: tens of MB per version
     (args.out / "soak.json").write_text(json.dumps(report, indent=1))
     plot_soak(report, args.out / "soak.png")
     return report
