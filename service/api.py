@@ -152,6 +152,7 @@ class EmbeddingService:
                    output: pb.SharedMemoryOutput | None = None) -> bytes:
         """Plan where the rows go (the response bytes, or a shared-memory region), batch
         the lookup into it, account for it."""
+        self.batcher.check_room(admission.tokens)  # before allocating: cheap refusals
         shape = (admission.tokens, admission.model.tables.dim)
         dest: codec.ResponseWriter | ShmDestination
         if output is None:

@@ -115,12 +115,17 @@ class Batcher:
         self._queue.clear()
         self._compute.shutdown(wait=True)
 
+    def check_room(self, tokens: int) -> None:
+        """RESOURCE_EXHAUSTED now if ``tokens`` more would overflow the queue budget: fronts
+        call this before they allocate a response, so a refusal costs next to nothing."""
+        if self.queued_tokens + tokens > self.max_queue_tokens:
+            raise ResourceExhausted(
+                f"queue holds {self.queued_tokens} tokens; this request's {tokens} would "
+                f"exceed max_queue_tokens={self.max_queue_tokens}; retry later")
+
     async def submit(self, job: Job) -> Any:
         """Queue a job and wait for what its destination's ``finish`` returns."""
-        if self.queued_tokens + job.tokens > self.max_queue_tokens:
-            raise ResourceExhausted(
-                f"queue holds {self.queued_tokens} tokens; this request's {job.tokens} would "
-                f"exceed max_queue_tokens={self.max_queue_tokens}; retry later")
+        self.check_room(job.tokens)
         if job.deadline is not None and time.monotonic() >= job.deadline:
             raise DeadlineExceeded("deadline passed before compute; no work was done")
         job.enqueued_ns = time.perf_counter_ns()

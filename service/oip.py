@@ -134,7 +134,8 @@ class InferenceService:
                           params["allow_special_tokens"], in_message=shm is None)
         admission = await self.native.admitter.admit(options, inputs)
         model = admission.model
-        lengths = [len(f.ids) for f in admission.sequences]
+        self.native.batcher.check_room(admission.tokens)  # before allocating: cheap refusals
+        lengths = admission.lengths
         B, T, C = len(lengths), max(lengths), model.tables.dim
         datatype = DATATYPES[dtype]
         out = oip.ModelInferResponse.InferOutputTensor
