@@ -40,6 +40,7 @@ bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/resu
 	@$(PY) -m bench
 	@$(PY) -m bench.scaling
 	@$(PY) -m bench.footprint
+	@$(PY) -m bench.overload
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

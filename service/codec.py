@@ -32,13 +32,14 @@ import sys
 from typing import Any
 
 import torch
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.batcher import Timing
+from service.errors import InvalidArgument
 
 __all__ = ["DTYPES", "DTYPE_NAMES", "TIMING_BYTES", "Reply", "ResponseWriter", "RowSlice",
-           "bytes_field_prefix", "identity", "padded_varint"]
+           "Undecodable", "bytes_field_prefix", "identity", "padded_varint", "request_parser"]
 
 if sys.byteorder != "little":  # torch writes native order; the wire is little-endian
     raise ImportError("service.codec supports little-endian hosts only")
@@ -192,6 +193,33 @@ class Reply:
 def bytes_field_prefix(field_number: int, nbytes: int) -> bytes:
     """The tag and length of a length-delimited field holding ``nbytes`` bytes."""
     return _varint(field_number << 3 | 2) + _varint(nbytes)
+
+
+class Undecodable:
+    """A request whose bytes did not parse (e.g. bad UTF-8 in a string field). Handlers
+    answer it with INVALID_ARGUMENT; grpc would otherwise answer UNKNOWN, or, inside a
+    stream, end the request iterator with an exception the servicer never sees."""
+
+    model = ""  # read for metric labels before the request is checked
+    request_id = ""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    async def fail(self) -> Any:
+        """Raise the request's INVALID_ARGUMENT (as a handler body)."""
+        raise InvalidArgument(self.message)
+
+
+def request_parser(message: type[Message]) -> Any:
+    """A request deserializer that turns a DecodeError into an ``Undecodable``."""
+    def parse(data: bytes) -> Message | Undecodable:
+        try:
+            return message.FromString(data)
+        except DecodeError as e:
+            return Undecodable(str(e))
+
+    return parse
 
 
 def identity(data: bytes) -> bytes:

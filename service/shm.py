@@ -110,6 +110,8 @@ class SharedMemoryRegistry:
     def rows(self, name: str, offset: int, shape: tuple[int, ...], dtype: torch.dtype,
              field: str) -> torch.Tensor:
         """A writable view of ``shape`` rows at ``offset`` inside region ``name``."""
+        if not name:  # "" lists every region elsewhere; here it names none
+            raise InvalidArgument(f"{field}.region is empty: name a registered region")
         (region,) = self.regions(name)
         nbytes = dtype.itemsize
         for n in shape:

@@ -83,7 +83,7 @@ def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: Loade
         raise InvalidArgument(f"{field} is empty: give text or token_ids with at least 1 token")
     max_seq_len = model.checkpoint.manifest.max_seq_len
     if start_position >= max_seq_len:
-        raise InvalidArgument(f"start_position={start_position} must be < max_seq_len "
+        raise InvalidArgument(f"{field}: start_position={start_position} must be < max_seq_len "
                               f"{max_seq_len} of model {model.name!r}")
     room = max_seq_len - start_position
     keep = min(room, limits.max_tokens_per_request)
@@ -92,7 +92,7 @@ def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: Loade
             if limits.max_tokens_per_request < T:
                 raise InvalidArgument(f"{field} has T={T} tokens; max_tokens_per_request is "
                                       f"{limits.max_tokens_per_request} (or set truncate)")
-            raise InvalidArgument(f"start_position ({start_position}) + T ({T}) = "
+            raise InvalidArgument(f"{field}: start_position ({start_position}) + T ({T}) = "
                                   f"{start_position + T} exceeds max_seq_len {max_seq_len} "
                                   f"of model {model.name!r} (or set truncate)")
         # TRUNCATE_LEFT keeps the tail; either way the kept tokens start at start_position.

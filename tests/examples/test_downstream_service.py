@@ -126,7 +126,7 @@ def test_other_checkpoint_is_failed_precondition(
                                    f"blocks are from 000000000000")
 
 
-TOO_LONG = ("embedding service: start_position (0) + T (40) = 40 exceeds max_seq_len 32 "
+TOO_LONG = ("embedding service: input: start_position (0) + T (40) = 40 exceeds max_seq_len 32 "
             "of model 'nano' (or set truncate)")
 
 

@@ -99,10 +99,10 @@ ERRORS = [
     ({"ids": [[1, 50257]]}, "INVALID_ARGUMENT",
      "input_ids[0][1]=50257 is out of range [0, 50257) for model 'tiny'"),
     ({"ids": [[1] * 65]}, "INVALID_ARGUMENT",
-     "start_position (0) + T (65) = 65 exceeds max_seq_len 64 of model 'tiny' "
+     "input_ids[0]: start_position (0) + T (65) = 65 exceeds max_seq_len 64 of model 'tiny' "
      "(or set truncate)"),
     ({"ids": [[1, 2]], "parameters": {"start_position": 63}}, "INVALID_ARGUMENT",
-     "start_position (63) + T (2) = 65 exceeds max_seq_len 64 of model 'tiny' "
+     "input_ids[0]: start_position (63) + T (2) = 65 exceeds max_seq_len 64 of model 'tiny' "
      "(or set truncate)"),
     ({"ids": [[1]], "parameters": {"compose": "tokens"}}, "INVALID_ARGUMENT",
      "parameters['compose']='tokens' must be one of ['position_only', 'token_only', "

@@ -202,8 +202,7 @@ def test_embed_concurrent(stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle,
     still_serves(stub, oracle)
 
 
-DECODE_ERROR = ("Unexpected <class 'google.protobuf.message.DecodeError'>: Error parsing message "
-               "with type 'embedding.v1.{}': {}")
+DECODE_ERROR = "Error parsing message with type 'embedding.v1.{}': {}"
 
 
 @FUZZ
@@ -213,12 +212,13 @@ DECODE_ERROR = ("Unexpected <class 'google.protobuf.message.DecodeError'>: Error
 def test_embed_raw_bytes(channel: grpc.Channel, stub: pb_grpc.EmbeddingServiceStub,
                          oracle: Oracle, raw: bytes) -> None:
     """Whatever protobuf makes of the bytes (the same upb parser as the server's) is what
-    the server must answer; bytes it cannot parse are UNKNOWN (see the UTF-8 test)."""
+    the server must answer; bytes it cannot parse are INVALID_ARGUMENT with the parser's
+    message (see the UTF-8 test)."""
     req: pb.EmbedRequest | None = None
     try:
         req = pb.EmbedRequest.FromString(raw)
     except DecodeError as e:
-        outcome = Outcome(Code.UNKNOWN, (f"Unexpected {type(e)}: {e}",))
+        outcome = Outcome(Code.INVALID_ARGUMENT, (str(e),))
     else:
         outcome = oracle.embed(req, wire_size=len(raw))
     event(outcome.code.name)
@@ -239,17 +239,15 @@ def test_embed_raw_bytes(channel: grpc.Channel, stub: pb_grpc.EmbeddingServiceSt
     ("Embed", "EmbedRequest", lambda s: tagged(10, s)),  # request_id
     ("EmbedBatch", "EmbedBatchRequest", lambda s: tagged(3, tagged(1, s))),  # inputs[0].text
 ])
-def test_invalid_utf8_in_a_string_field_is_unknown(
+def test_invalid_utf8_in_a_string_field_is_invalid_argument(
         channel: grpc.Channel, stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle, bad: bytes,
         method: str, message: str, build: Callable[[bytes], bytes]) -> None:
-    """proto3 strings must be UTF-8: upb refuses the request while parsing it, before the
-    servicer runs, so the service's own status map never sees it. grpc.aio answers any
-    exception from a request deserializer with UNKNOWN and "Unexpected <type>: <message>"
-    (and logs it at ERROR); the status table has no row for this, and INVALID_ARGUMENT
-    would fit it better. No crash: the server keeps serving."""
+    """proto3 strings must be UTF-8: upb refuses the request while parsing it. The
+    server's request parser turns that into INVALID_ARGUMENT with the parser's message
+    (grpc.aio alone would answer UNKNOWN, or hang a stream). The server keeps serving."""
     with pytest.raises(grpc.RpcError) as info:
         raw_rpc(channel, method)(build(bad), timeout=10)
-    assert info.value.code() == Code.UNKNOWN
+    assert info.value.code() == Code.INVALID_ARGUMENT
     assert info.value.details() == DECODE_ERROR.format(message, "String field had bad UTF-8")
     still_serves(stub, oracle)
 

@@ -53,13 +53,13 @@ def stub(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
     (pb.EmbedRequest(token_ids=ids(*[1] * 70, 50300)),
      "input.token_ids.ids[70]=50300 is out of range [0, 50257) for model 'tiny'"),
     (pb.EmbedRequest(token_ids=ids(*[1] * 65)),
-     "start_position (0) + T (65) = 65 exceeds max_seq_len 64 of model 'tiny' "
+     "input: start_position (0) + T (65) = 65 exceeds max_seq_len 64 of model 'tiny' "
      "(or set truncate)"),
     (pb.EmbedRequest(token_ids=ids(1, 2, 3), start_position=62),
-     "start_position (62) + T (3) = 65 exceeds max_seq_len 64 of model 'tiny' "
+     "input: start_position (62) + T (3) = 65 exceeds max_seq_len 64 of model 'tiny' "
      "(or set truncate)"),
     (pb.EmbedRequest(token_ids=ids(1), start_position=64),
-     "start_position=64 must be < max_seq_len 64 of model 'tiny'"),
+     "input: start_position=64 must be < max_seq_len 64 of model 'tiny'"),
     (pb.EmbedRequest(token_ids=ids(1), compose=7),  # type: ignore[arg-type]
      "compose=7 is not a valid Compose (COMPOSE_TOKEN_PLUS_POSITION, COMPOSE_TOKEN_ONLY, "
      "COMPOSE_POSITION_ONLY)"),
