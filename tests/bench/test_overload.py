@@ -16,7 +16,12 @@ def test_overload_refuses_past_the_queue_budget(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench.overload", "--seconds", "1", "--warmup", "0.2",
          "--concurrency", "2,16", "--dim", "16", "--out", str(out), "--model-cache",
-         str(tmp_path / "model")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+         str(tmp_path / "model"),
+         # At C=16 a lookup takes microseconds: on an idle machine the queue would never
+         # hold two requests. A batch delay keeps each one queued for 50 ms, so 16 in
+         # flight must overflow the 1024-token budget whatever the machine's speed.
+         "--server-arg=--max-batch-delay-us=50000"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "overload.json").read_text())
     assert set(report) == {"config", "baseline", "overload", "target"}
