@@ -18,7 +18,9 @@ model: setup-runtime  ## train the embedded default model if models/ has none
 run: model       ## serve models/ on 127.0.0.1:50051, metrics on :9464
 	@scripts/serve.sh --model-repository models --host 127.0.0.1 --grpc-port 50051 --metrics-port 9464
 
-test: setup      ## the whole test suite (no network)
+test: setup      ## test tools (promtool, k8s validators; no network once there), then the whole suite
+	@scripts/install_promtool.sh
+	@scripts/install_k8s_tools.sh >/dev/null
 	@$(PY) -m pytest -q
 
 fuzz: setup      ## the server fuzz tests at length (CI runs a short, fixed profile)
@@ -38,6 +40,7 @@ bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/resu
 	@$(PY) -m bench
 	@$(PY) -m bench.scaling
 	@$(PY) -m bench.footprint
+	@$(PY) -m bench.overload
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -132,7 +132,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     cfg = BenchConfig()
     if ns.quick:
         cfg = replace(cfg, ts=(4,), concurrencies=(1, 2), dim=8, max_seq_len=16, reps=1,
-                      duration_s=0.2, warmup_s=0.05, quick=True)
+                      duration_s=0.4, warmup_s=0.2, quick=True)
     overrides: dict[str, object] = {
         "ts": ns.ts, "dtypes": ns.dtypes, "concurrencies": ns.concurrency, "modes": ns.modes,
         "backends": ns.backends,

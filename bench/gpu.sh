@@ -66,8 +66,13 @@ status=0
 # 1. Tests, tables on $DEVICE (tests/conftest.py reads EMBED_TEST_DEVICE).
 xdist=()
 "$PY" -c "import xdist" 2>/dev/null && [ -z "${QUICK:-}" ] && xdist=(-n 8 --dist loadfile)
-tests=(tests)
-[ -n "${QUICK:-}" ] && tests=(tests/bench)
+# The serving path with the tables on the device (native, OIP, shared memory, batching,
+# status codes), not the whole suite: the node client, tritonclient, the k8s validators and
+# hypothesis are not on the GPU image, and nothing in them touches the device.
+tests=(tests/service/test_embed.py tests/service/test_batcher.py tests/service/test_shm.py
+       tests/service/test_status_codes.py tests/service/test_lifecycle.py
+       tests/oip/test_oip_native.py tests/bench)
+[ -n "${QUICK:-}" ] && tests=(tests/bench tests/service/test_shm.py)
 say "tests: ${tests[*]} ${xdist[*]} (timeout ${TEST_TIMEOUT}s)"
 timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider "${xdist[@]}" "${tests[@]}" \
   >"$OUT/tests.log" 2>&1

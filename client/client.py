@@ -3,7 +3,8 @@
 Both clients take the same options: ``target`` ("host:port"), TLS (``tls=True`` for the
 system roots, or ``root_certificates`` / ``client_certificate`` + ``client_key`` as paths or
 bytes), ``token`` (sent as ``authorization: Bearer <token>``), a default ``timeout`` in
-seconds, and ``raw_bfloat16`` (see client.codec). Every failed RPC raises EmbeddingError.
+seconds, ``raw_bfloat16`` (see client.codec) and ``retry`` (a client.retry.RetryPolicy: gRPC
+retries UNAVAILABLE itself). Every failed RPC raises EmbeddingError.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from client.codec import (
     embed_request,
     stream_request,
 )
+from client.retry import RetryPolicy
 from client.shm import SharedMemoryRegion, rows_from_region
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
@@ -52,6 +54,7 @@ class _Channel:
                  root_certificates: Credential = None, client_certificate: Credential = None,
                  client_key: Credential = None, token: str | None = None,
                  timeout: float | None = None, raw_bfloat16: bool = False,
+                 retry: RetryPolicy | None = None,
                  options: Sequence[tuple[str, Any]] = ()) -> None:
         self.target = target
         self.timeout = timeout
@@ -63,7 +66,8 @@ class _Channel:
             self._credentials = grpc.ssl_channel_credentials(
                 _read(root_certificates), _read(client_key), _read(client_certificate))
         # The server bounds responses by its max_message_bytes; the client takes any size.
-        self._options = [("grpc.max_receive_message_length", -1), *options]
+        self._options = [("grpc.max_receive_message_length", -1),
+                         *(retry.channel_options() if retry else ()), *options]
 
     def _kw(self, timeout: float | None) -> dict[str, Any]:
         return {"timeout": self.timeout if timeout is None else timeout,

@@ -31,7 +31,12 @@ fi
 pip=("$tools/venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 
 have() {  # have PACKAGE VERSION: is exactly that version installed in the tools venv?
-  [ "$("$tools/venv/bin/python" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p')" = "$2" ]
+  # importlib.metadata, not `pip show`: make test runs this every time, and pip takes seconds.
+  [ "$("$tools/venv/bin/python" -c 'import importlib.metadata as m, sys
+try:
+    print(m.version(sys.argv[1]))
+except m.PackageNotFoundError:
+    pass' "$1")" = "$2" ]
 }
 
 have kubernetes-validate "$kv_version" || "${pip[@]}" "kubernetes-validate==$kv_version"

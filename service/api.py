@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service import codec
+from service import codec, tracing
 from service.admission import Admission, Admitter, Input, Options
 from service.batcher import Batcher
 from service.errors import EmbedError, Unauthenticated, Unavailable, status_for
@@ -82,21 +82,11 @@ class EmbeddingService:
         """
         t0 = time.perf_counter()
         self.metrics.inflight += 1
-        code = grpc.StatusCode.OK
-        try:
-            self._admit(context)
-            return await body()
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED  # the client went away; nothing to answer
-            raise
-        except Exception as e:
-            code, message = status_for(e, request_id)
-            if not isinstance(e, EmbedError):
-                log.exception("internal error in %s request_id=%s", rpc, request_id)
-            if in_stream:
-                raise _Status(code, message) from e
-            await context.abort(code, message)
-        finally:
+        recorded = False
+
+        def record(code: grpc.StatusCode) -> None:
+            nonlocal recorded
+            recorded = True
             self.metrics.inflight -= 1
             # A model name from the request becomes a label only if it is loaded: clients
             # must not be able to mint unbounded metric series.
@@ -105,6 +95,28 @@ class EmbeddingService:
                 label = UNKNOWN_MODEL
             self.metrics.requests.labels(rpc, label, code.name).inc()
             self.metrics.request_duration.labels(rpc, label).observe(time.perf_counter() - t0)
+
+        try:
+            self._admit(context)
+            result = await body()
+            record(grpc.StatusCode.OK)
+            return result
+        except asyncio.CancelledError:
+            record(grpc.StatusCode.CANCELLED)  # the client went away; nothing to answer
+            raise
+        except Exception as e:
+            code, message = status_for(e, request_id)
+            if not isinstance(e, EmbedError):
+                log.exception("internal error in %s request_id=%s", rpc, request_id)
+            # Counted before the status leaves: a client that scrapes right after its
+            # error must see it in the metrics.
+            record(code)
+            if in_stream:
+                raise _Status(code, message) from e
+            await context.abort(code, message)
+        finally:
+            if not recorded:  # BaseException other than cancellation: still count it
+                record(grpc.StatusCode.INTERNAL)
 
     def deadline(self, context: grpc.aio.ServicerContext) -> float | None:
         """The RPC's deadline as time.monotonic() seconds (None = no deadline)."""
@@ -140,6 +152,7 @@ class EmbeddingService:
                    output: pb.SharedMemoryOutput | None = None) -> bytes:
         """Plan where the rows go (the response bytes, or a shared-memory region), batch
         the lookup into it, account for it."""
+        self.batcher.check_room(admission.tokens)  # before allocating: cheap refusals
         shape = (admission.tokens, admission.model.tables.dim)
         dest: codec.ResponseWriter | ShmDestination
         if output is None:
@@ -154,6 +167,7 @@ class EmbeddingService:
             dest = ShmDestination(rows, lambda timing: _with_timing(fields, timing))
         job = admission.job(dest, t0, self.deadline(context))
         data: bytes = await self.batcher.submit(job)
+        tracing.record(admission, job, fields.request_id)  # tracing: spans from job.timing
         self.admitter.account(admission, job)
         return data
 

@@ -74,6 +74,7 @@ class Job:
     queue_ns: int = field(init=False, default=0)  # submit → batch start
     batch_tokens: int = field(init=False, default=0)
     batch_requests: int = field(init=False, default=0)
+    timing: Timing | None = field(init=False, default=None)  # set at finish (for tracing)
 
     def __post_init__(self) -> None:
         self.tokens = int(self.ids.shape[0])
@@ -114,12 +115,17 @@ class Batcher:
         self._queue.clear()
         self._compute.shutdown(wait=True)
 
+    def check_room(self, tokens: int) -> None:
+        """RESOURCE_EXHAUSTED now if ``tokens`` more would overflow the queue budget: fronts
+        call this before they allocate a response, so a refusal costs next to nothing."""
+        if self.queued_tokens + tokens > self.max_queue_tokens:
+            raise ResourceExhausted(
+                f"queue holds {self.queued_tokens} tokens; this request's {tokens} would "
+                f"exceed max_queue_tokens={self.max_queue_tokens}; retry later")
+
     async def submit(self, job: Job) -> Any:
         """Queue a job and wait for what its destination's ``finish`` returns."""
-        if self.queued_tokens + job.tokens > self.max_queue_tokens:
-            raise ResourceExhausted(
-                f"queue holds {self.queued_tokens} tokens; this request's {job.tokens} would "
-                f"exceed max_queue_tokens={self.max_queue_tokens}; retry later")
+        self.check_room(job.tokens)
         if job.deadline is not None and time.monotonic() >= job.deadline:
             raise DeadlineExceeded("deadline passed before compute; no work was done")
         job.enqueued_ns = time.perf_counter_ns()
@@ -231,5 +237,7 @@ class Batcher:
         (just before the group's lookup)."""
         now = time.perf_counter_ns()
         job.queue_ns = start_ns - job.enqueued_ns
-        return job.dest.finish(Timing(job.queue_ns, job.tokenize_ns, now - t0,
-                                      now - job.start_ns))
+        # Kept on the job so the event loop can lay out the request's trace spans later;
+        # this thread never touches tracing.
+        job.timing = Timing(job.queue_ns, job.tokenize_ns, now - t0, now - job.start_ns)
+        return job.dest.finish(job.timing)

@@ -70,6 +70,13 @@ class ServerConfig:
     torch_threads: int = 1
     # Pre-forked server processes sharing the port (SO_REUSEPORT) and the page cache.
     workers: int = 1
+    # --- tracing (service/tracing.py) ---
+    # OTLP/gRPC collector for traces, e.g. http://otel-collector:4317; "" = tracing off:
+    # no exporter, no interceptor, nothing per request. The standard OTEL_EXPORTER_OTLP_*
+    # variables (headers, certificates, timeout, compression) still apply to the exporter.
+    otlp_endpoint: str = ""
+    # Fraction of new traces recorded; a client's sampled/unsampled traceparent is obeyed.
+    trace_sample_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         if self.table_dtype not in ("float32", "bfloat16", "float16"):
@@ -84,6 +91,8 @@ class ServerConfig:
             raise ValueError("max_output_bytes must be >= 0 (0 = no separate cap)")
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
+        if not 0.0 <= self.trace_sample_ratio <= 1.0:
+            raise ValueError(f"trace_sample_ratio {self.trace_sample_ratio}: 0..1")
 
 
 def _flag(name: str) -> str:

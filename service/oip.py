@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 
 from genproto.inference.v2 import grpc_service_pb2 as oip
-from service import codec
+from service import codec, tracing
 from service.admission import Admission, Options
 from service.api import EmbeddingService
 from service.errors import InvalidArgument, NotFound
@@ -134,7 +134,8 @@ class InferenceService:
                           params["allow_special_tokens"], in_message=shm is None)
         admission = await self.native.admitter.admit(options, inputs)
         model = admission.model
-        lengths = [len(f.ids) for f in admission.sequences]
+        self.native.batcher.check_room(admission.tokens)  # before allocating: cheap refusals
+        lengths = admission.lengths
         B, T, C = len(lengths), max(lengths), model.tables.dim
         datatype = DATATYPES[dtype]
         out = oip.ModelInferResponse.InferOutputTensor
@@ -160,7 +161,7 @@ class InferenceService:
                 fields.outputs[1].contents.int64_contents.extend(lengths)
             return await self._fill(admission, rows, ShmDestination(
                 rows.view(B * T, C), lambda _: fields.SerializeToString()), lengths, t0,
-                deadline)
+                deadline, request.id)
         suffix = fields.SerializeToString()
         if "sequence_lengths" in wanted:  # raw_output_contents[1], after the rows
             raw = np.asarray(lengths, dtype="<i8").tobytes()
@@ -169,10 +170,10 @@ class InferenceService:
         writer = codec.ResponseWriter(codec.bytes_field_prefix(_RAW_OUTPUT_FIELD, nbytes),
                                       (B * T, C), codec.DTYPES[dtype], suffix, None)
         return await self._fill(admission, writer.rows.view(B, T, C), writer, lengths, t0,
-                                deadline)
+                                deadline, request.id)
 
     async def _fill(self, admission: Admission, rows: Any, dest: Any, lengths: list[int],
-                    t0: int, deadline: float | None) -> bytes:
+                    t0: int, deadline: float | None, request_id: str) -> bytes:
         """Batch the lookup into ``rows`` (B, T, C): one job when every sequence has T
         rows, else one job per sequence into its slice, with the padding zeroed."""
         native = self.native
@@ -180,6 +181,7 @@ class InferenceService:
             job = admission.job(dest, t0, deadline)
             result: bytes = await native.batcher.submit(job)
             native.admitter.account(admission, job)
+            tracing.record(admission, job, request_id)
             return result
         for b, n in enumerate(lengths):
             rows[b, n:].zero_()  # (T - n, C) padding
@@ -188,6 +190,7 @@ class InferenceService:
         timings = await asyncio.gather(*(native.batcher.submit(job) for job in jobs))
         for job in jobs:
             native.admitter.account(admission, job)
+        tracing.record(admission, jobs[-1], request_id)  # the last sequence's queue/compute
         finished: bytes = dest.finish(timings[-1])
         return finished
 

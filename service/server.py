@@ -22,6 +22,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from service import tracing
 from service.api import SERVICE_NAME, EmbeddingService
 from service.batcher import Batcher
 from service.config import ServerConfig
@@ -61,6 +62,7 @@ class EmbeddingServer:
             config.auth_token)
         self.oip = InferenceService(self.service)  # the same admission, batcher and regions
         self.health = health.aio.HealthServicer()
+        self.tracing = tracing.setup(config)  # tracing: None (nothing at all) when off
         self.grpc_port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
@@ -115,7 +117,8 @@ class EmbeddingServer:
         options = [("grpc.max_send_message_length", c.max_message_bytes),
                    ("grpc.max_receive_message_length", c.max_message_bytes),
                    ("grpc.so_reuseport", 1 if c.workers > 1 else 0)]
-        server = self._server = grpc.aio.server(options=options)
+        server = self._server = grpc.aio.server(
+            options=options, interceptors=tracing.interceptors(self.tracing))  # tracing
         server.add_generic_rpc_handlers((self.service.handlers(), self.oip.handlers()))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -153,6 +156,7 @@ class EmbeddingServer:
         await self.batcher.close()
         self._pool.shutdown(wait=False)
         self.metrics.close()
+        tracing.shutdown(self.tracing)  # tracing: flush the spans still queued
         log.info("stopped")
         self.stopped.set()
 

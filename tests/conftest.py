@@ -1,4 +1,9 @@
-"""Shared fixtures: real checkpoints written by the real writer, real servers on port 0."""
+"""Shared fixtures: real checkpoints written by the real writer, real servers on port 0.
+
+Also the skip guard: a test may skip only for want of a GPU (``@pytest.mark.gpu``, whose
+reason is exactly "no CUDA device"). Any other skip fails the run and is listed with its
+reason, so a missing tool or package can never turn into a green run that tested less.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +26,68 @@ from tests.tiny_model import (
     start,
     tiny_tables,
 )
+
+GPU_SKIP_REASON = "no CUDA device"
+
+
+class SkipGuard:
+    """Collects every skip whose reason is not GPU_SKIP_REASON and fails the run on them."""
+
+    TITLE = f"skipped for a reason other than {GPU_SKIP_REASON!r}: this fails the run"
+    HINT = ("Install what they need (make test installs its tools) or, for a test that "
+            "needs a GPU, mark it @pytest.mark.gpu.")
+
+    def __init__(self) -> None:
+        self.bad: list[tuple[str, str]] = []  # (node id, reason)
+
+    def _note(self, report: pytest.CollectReport | pytest.TestReport) -> None:
+        if not report.skipped or hasattr(report, "wasxfail"):
+            return
+        longrepr = report.longrepr
+        # A skip reports (path, line, "Skipped: <reason>"); pytest's -ra summary reads it so.
+        message = str(longrepr[2]) if isinstance(longrepr, tuple) else str(longrepr)
+        reason = message.removeprefix("Skipped: ")
+        if reason != GPU_SKIP_REASON:
+            self.bad.append((report.nodeid, reason))
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """Module-level skips: pytest.importorskip, pytest.skip(allow_module_level=True)."""
+        self._note(report)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """skip/skipif markers, pytest.skip() in a test or fixture."""
+        self._note(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """A run that would pass fails instead (pytest returns session.exitstatus)."""
+        if self.bad and session.exitstatus in (pytest.ExitCode.OK,
+                                               pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        """Name each offending test and its reason, and how to fix it."""
+        if not self.bad:
+            return
+        terminalreporter.section(self.TITLE, sep="=", red=True, bold=True)
+        for nodeid, reason in self.bad:
+            terminalreporter.line(f"{nodeid}: {reason}")
+        terminalreporter.line(self.HINT)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the gpu marker and the skip guard."""
+    config.addinivalue_line(
+        "markers", f"gpu: needs a CUDA device; skipped with reason {GPU_SKIP_REASON!r} without")
+    config.pluginmanager.register(SkipGuard(), "embed-skip-guard")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip gpu-marked tests, with the one allowed reason, where CUDA is unavailable."""
+    if torch.cuda.is_available():
+        return
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
 
 
 @pytest.fixture(scope="session")

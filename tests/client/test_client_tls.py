@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +13,6 @@ from client import EmbeddingClient, EmbeddingError
 from client.cli import main
 from service.server import ServerHandle
 from tests.tiny_model import start
-
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -1,14 +1,12 @@
 """Fixtures for the deployment tests: the external tools, and the rendered overlays.
 
 promtool comes from scripts/install_promtool.sh, kubectl and kubernetes-validate from
-scripts/install_k8s_tools.sh (into .tools/, not .venv). Without a tool its tests skip and
-say which script installs it; under CI (CI=true) a missing tool fails instead, so a CI run
-can never pass by skipping them.
+scripts/install_k8s_tools.sh (into .tools/, not .venv); `make test` runs both first. A
+missing tool fails its tests with the script to run: they never pass by skipping.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,15 +25,12 @@ CRD_API_GROUPS = ("monitoring.coreos.com/",)
 
 
 def _find(name: str, installer: str) -> str:
-    """Path of tool ``name`` (.tools first, then PATH), or skip/fail naming its installer."""
+    """Path of tool ``name`` (.tools first, then PATH), or fail naming its installer."""
     local = TOOLS_BIN / name
     found = str(local) if local.exists() else shutil.which(name)
     if found is not None:
         return found
-    reason = f"{name} not found: run scripts/{installer}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
+    pytest.fail(f"{name} not found: run scripts/{installer} (make test does)")
 
 
 @pytest.fixture(scope="session")
@@ -68,10 +63,8 @@ def crd_python() -> str:
         [str(python), "-c", "import cloudcoil.models.prometheus_operator, jsonschema"],
         capture_output=True, timeout=120).returncode == 0
     if not ok:
-        reason = "Prometheus Operator CRD models not found: run scripts/install_k8s_tools.sh"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        pytest.fail("Prometheus Operator CRD models not found: run scripts/install_k8s_tools.sh"
+                    " (make test does)")
     return str(python)
 
 

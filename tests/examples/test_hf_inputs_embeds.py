@@ -20,8 +20,6 @@ from examples.hf_inputs_embeds import (
 )
 from tests.tiny_model import start
 
-pytest.importorskip("transformers")
-
 TEXT = "Input embeddings are what the first block reads."
 IDS = [20560, 11525, 67, 654, 389, 644, 262, 717, 2512, 9743, 13]  # GPT-2 BPE of TEXT
 C = 32  # build_hf_gpt2's default n_embd

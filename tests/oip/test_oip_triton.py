@@ -190,3 +190,23 @@ def test_shared_memory_output(server: ServerHandle, triton: Triton,
     assert (too_small["status"], too_small["message"]) == (
         "INVALID_ARGUMENT", "outputs['embeddings']: the output needs 36864 bytes at offset 0 "
         "but region 'out0' has 8192 bytes; the largest T that fits is 14")
+
+
+def test_queue_full_and_deadline(tiny_repo: Path, triton: Triton) -> None:
+    """The queue budget and the deadline rows, through tritonclient: a 1 s batch delay holds
+    work in the queue (8 tokens of budget), so a third request of 3 tokens overflows it, and
+    a 0.3 s client timeout expires while its request waits."""
+    handle = start(tiny_repo, max_batch_tokens=8, max_queue_tokens=8,
+                   max_batch_delay_us=1_000_000)
+    try:
+        together, late = triton(handle.target, [
+            {"op": "infer_together", "ids": [[1, 2, 3], [4, 5, 6], [7, 8, 9]]},
+            {"op": "infer", "ids": [[1]], "client_timeout": 0.3}])
+    finally:
+        handle.stop()
+    assert sorted(o.get("status", "OK") for o in together["ok"]) == \
+        ["OK", "OK", "RESOURCE_EXHAUSTED"]
+    (full,) = [o for o in together["ok"] if "status" in o]
+    assert full["message"] == ("queue holds 6 tokens; this request's 3 would exceed "
+                               "max_queue_tokens=8; retry later")
+    assert late["status"] == "DEADLINE_EXCEEDED"

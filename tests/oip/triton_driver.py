@@ -44,7 +44,8 @@ def _infer(client: tc.InferenceServerClient, call: dict[str, Any],
         outputs = [out]
     result = client.infer(call.get("model", "tiny"), [inp], model_version=call.get("version", ""),
                           outputs=outputs, parameters=call.get("parameters"),
-                          request_id=call.get("id", ""), headers=headers)
+                          request_id=call.get("id", ""), headers=headers,
+                          client_timeout=call.get("client_timeout"))
     response = result.get_response()
     got: dict[str, Any] = {"model_name": response.model_name,
                            "model_version": response.model_version, "id": response.id,
@@ -60,12 +61,31 @@ def _infer(client: tc.InferenceServerClient, call: dict[str, Any],
     return got
 
 
+def _together(client: tc.InferenceServerClient, call: dict[str, Any],
+              headers: dict[str, str]) -> list[dict[str, Any]]:
+    """Send every id list in ``call["ids"]`` at once (a thread each); one outcome each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(ids: list[int]) -> dict[str, Any]:
+        try:
+            _infer(client, {"ids": [ids], "model": call.get("model", "tiny")}, headers)
+        except InferenceServerException as e:
+            return {"status": str(e.status()).removeprefix("StatusCode."),
+                    "message": e.message()}
+        return {"ok": True}
+
+    with ThreadPoolExecutor(len(call["ids"])) as pool:
+        return list(pool.map(one, call["ids"]))
+
+
 def run(call: dict[str, Any], client: tc.InferenceServerClient,
         headers: dict[str, str]) -> Any:
     """One call's JSON-able result."""
     op = call["op"]
     if op == "infer":
         return _infer(client, call, headers)
+    if op == "infer_together":  # several requests in flight at once (async_infer)
+        return _together(client, call, headers)
     if op == "ready":
         return {"live": client.is_server_live(headers=headers),
                 "ready": client.is_server_ready(headers=headers),

@@ -9,13 +9,12 @@ import grpc
 import numpy as np
 import pytest
 import torch
+import transformers  # in requirements-dev.txt: missing is an error, never a skip
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
 from tests.tiny_model import TRAINED_ROWS, MakeCheckpoint, start, tiny_tables
-
-transformers = pytest.importorskip("transformers")
 
 
 def rows(t: pb.Tensor) -> torch.Tensor:

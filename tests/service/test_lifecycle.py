@@ -145,7 +145,7 @@ def check_metrics_move(server: ServerHandle) -> None:
 def test_promtool_accepts_metrics(server: ServerHandle, tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool not installed (scripts/install_promtool.sh; CI installs it)")
+        pytest.fail("promtool not found: run scripts/install_promtool.sh (make test does)")
     with grpc.insecure_channel(server.target) as channel:
         pb_grpc.EmbeddingServiceStub(channel).Embed(GOOD)
     result = subprocess.run([promtool, "check", "metrics"], input=scrape(server),

@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 import torch
+import transformers  # in requirements-dev.txt: missing is an error, never a skip
 from safetensors.torch import save_file
 
 from service.checkpoint import read_checkpoint
 from service.tokenizer import GPT2_PAT_STR, default_ranks_path, load_tokenizer
 from training.importers import main
-
-transformers = pytest.importorskip("transformers")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GPT2_VOCAB = 50257

@@ -1,0 +1,205 @@
+"""Overload: past its queue budget, a server must refuse fast with RESOURCE_EXHAUSTED.
+
+    python -m bench.overload [--max-queue-tokens 1024] [--tokens 512] [--concurrency 4,16,64]
+
+One server (``python -m service``, one worker) with a small ``--max-queue-tokens``; one
+grpc.aio client process on loopback. Two phases on the same server, back to back:
+
+* baseline: one request in flight at a time (unloaded);
+* overload, once per ``--concurrency`` value: that many requests in flight, each of T
+  tokens (``--tokens``), more than the queue budget admits (by default two requests fit).
+
+Then a floor: health checks at each concurrency (an RPC with no work behind it: what this
+client and machine cost alone). Reported per overload phase: p50/p99 of accepted requests
+beside the baseline's, the share refused, p50/p99 of the rejections (RESOURCE_EXHAUSTED,
+measured at the client from call to status) against the target p99 < 5 ms, and the
+floor's p99. Latencies of the first ``--warmup`` seconds of a phase are not counted.
+Writes ``<out>/overload.json`` and prints a row per phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.model import VOCAB_SIZE, ensure_model
+from bench.servers import GLIBC_TUNABLES, ServerProcess, free_port, stop_servers, wait_serving
+from bench.soak_report import percentile
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+
+__all__ = ["TARGET_REJECT_P99_MS", "format_rows", "main", "run_overload"]
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_REJECT_P99_MS = 5.0
+_OK, _FULL = grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The bench's flags."""
+    p = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-queue-tokens", type=int, default=1024)
+    p.add_argument("--tokens", type=int, default=512, help="T of every request")
+    p.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")],
+                   default=[4, 16, 64], help="comma-separated: one overload phase each")
+    p.add_argument("--seconds", type=float, default=4.0, help="measured seconds per phase")
+    p.add_argument("--warmup", type=float, default=0.5)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--model-cache", type=Path,
+                   default=ROOT / "bench" / "results" / ".model-overload")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra flag for python -m service (repeatable)")
+    return p.parse_args(argv)
+
+
+def _launch(args: argparse.Namespace, repo: Path) -> ServerProcess:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
+    batch = min(args.max_queue_tokens, 16384)  # the server needs batch <= queue budget
+    argv = [sys.executable, "-m", "service", "--model-repository", str(repo / "models"),
+            "--host", "127.0.0.1", "--grpc-port", str(port), "--metrics-port", "-1",
+            "--device", "cpu", "--poll-seconds", "0", "--max-queue-tokens",
+            str(args.max_queue_tokens), "--max-batch-tokens", str(batch), *args.server_arg]
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "overload-server.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    return ServerProcess("service", f"127.0.0.1:{port}", proc, log)
+
+
+async def _phase(target: str, requests: list[pb.EmbedRequest] | None, concurrency: int,
+                 warmup: float, seconds: float) -> dict[str, Any]:
+    """``concurrency`` closed loops for warmup + seconds; latencies (ms) by outcome.
+
+    ``requests`` None: health checks instead of Embed, i.e. an RPC with no work behind it,
+    the floor this client and machine set at that concurrency.
+    """
+    ok: list[float] = []
+    full: list[float] = []
+    other: dict[str, int] = {}
+    async with grpc.aio.insecure_channel(target) as channel:
+        await asyncio.wait_for(channel.channel_ready(), timeout=30)
+        embed = pb_grpc.EmbeddingServiceStub(channel).Embed
+        check = health_pb2_grpc.HealthStub(channel).Check
+        probe = health_pb2.HealthCheckRequest()
+        start = time.perf_counter() + warmup
+        end = start + seconds
+
+        async def loop(k: int) -> None:
+            i = k
+            while (sent := time.perf_counter()) < end:
+                try:
+                    if requests is None:
+                        await check(probe, timeout=30)
+                    else:
+                        await embed(requests[i % len(requests)], timeout=30)
+                    code = _OK
+                except grpc.RpcError as e:
+                    code = e.code()
+                done = time.perf_counter()
+                i += 1
+                if sent < start:
+                    continue  # warm-up
+                if code == _OK:
+                    ok.append((done - sent) * 1e3)
+                elif code == _FULL:
+                    full.append((done - sent) * 1e3)
+                else:
+                    other[code.name] = other.get(code.name, 0) + 1
+
+        await asyncio.gather(*(loop(k) for k in range(concurrency)))
+    n = len(ok) + len(full) + sum(other.values())
+    return {"concurrency": concurrency, "seconds": seconds, "requests": n,
+            "accepted": len(ok), "rejected": len(full), "other_codes": other,
+            "accepted_req_s": len(ok) / seconds,
+            "accepted_p50_ms": percentile(ok, 0.5), "accepted_p99_ms": percentile(ok, 0.99),
+            "rejected_p50_ms": percentile(full, 0.5), "rejected_p99_ms": percentile(full, 0.99),
+            "rejected_max_ms": max(full, default=float("nan"))}
+
+
+def run_overload(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the server, run baseline then overload, stop it; write overload.json."""
+    repo = ensure_model(args.model_cache, args.dim, max(1024, args.tokens))
+    rng = random.Random(0)
+    requests = [pb.EmbedRequest(token_ids=pb.TokenIds(
+        ids=[rng.randrange(VOCAB_SIZE) for _ in range(args.tokens)])) for _ in range(8)]
+    server = _launch(args, repo)
+    try:
+        wait_serving(server, 120)
+        baseline = asyncio.run(_phase(server.target, requests, 1, args.warmup, args.seconds))
+        overload = [asyncio.run(_phase(server.target, requests, c, args.warmup, args.seconds))
+                    for c in args.concurrency]
+        # The same concurrency with nothing to do: what client and machine cost alone.
+        floors = [asyncio.run(_phase(server.target, None, c, args.warmup, args.seconds / 2))
+                  for c in args.concurrency]
+    finally:
+        stop_servers({"service": server})
+    for phase, floor in zip(overload, floors):
+        phase["floor_p50_ms"] = floor["accepted_p50_ms"]
+        phase["floor_p99_ms"] = floor["accepted_p99_ms"]
+        phase["rejection_target_met"] = (bool(phase["rejected"]) and phase["rejected_p99_ms"]
+                                         < TARGET_REJECT_P99_MS)
+    report = {
+        "config": {"max_queue_tokens": args.max_queue_tokens, "T": args.tokens,
+                   "C": args.dim, "concurrency": args.concurrency, "seconds": args.seconds,
+                   "warmup": args.warmup, "server_args": args.server_arg,
+                   "cpus": os.cpu_count(), "loadavg": round(os.getloadavg()[0], 2)},
+        "baseline": baseline, "overload": overload,
+        "target": {"name": "rejection p99 < 5 ms", "bound_ms": TARGET_REJECT_P99_MS},
+    }
+    (args.out / "overload.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def format_rows(report: dict[str, Any]) -> str:
+    """Header and a row per overload phase: accepted vs baseline, then the rejections."""
+    c, b = report["config"], report["baseline"]
+    head = (f"{'queue':>6} {'T':>5} {'c':>4} {'base p50':>9} {'base p99':>9} {'acc p50':>8} "
+            f"{'acc p99':>8} {'acc/s':>7} {'refused':>8} {'rej p50':>8} {'rej p99':>8} "
+            f"{'floor p99':>9}  "
+            f"rej p99 < {TARGET_REJECT_P99_MS:g} ms")
+    lines = [head, "-" * len(head)]
+    for o in report["overload"]:
+        share = o["rejected"] / o["requests"] if o["requests"] else 0.0
+        lines.append(
+            f"{c['max_queue_tokens']:>6} {c['T']:>5} {o['concurrency']:>4} "
+            f"{b['accepted_p50_ms']:>9.2f} {b['accepted_p99_ms']:>9.2f} "
+            f"{o['accepted_p50_ms']:>8.2f} {o['accepted_p99_ms']:>8.2f} "
+            f"{o['accepted_req_s']:>7.0f} {share:>8.0%} {o['rejected_p50_ms']:>8.2f} "
+            f"{o['rejected_p99_ms']:>8.2f} {o['floor_p99_ms']:>9.2f}  "
+            f"{'MET' if o['rejection_target_met'] else 'NOT MET'}")
+    lines.append(f"(ms; baseline: 1 in flight, {b['accepted_req_s']:.0f} req/s; floor: health "
+                 f"checks at the same c, no work behind them; load average {c['loadavg']} "
+                 f"on {c['cpus']} CPUs)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m bench.overload``: run, print the row, write the JSON."""
+    args = parse_args(argv)
+    report = run_overload(args)
+    print(format_rows(report))
+    for o in report["overload"]:
+        if o["other_codes"]:
+            print(f"other codes at c={o['concurrency']}: {o['other_codes']}")
+    print(f"wrote {args.out / 'overload.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""Soak: N clients for M minutes against ``python -m service --workers W``, with reloads and a kill.
+
+    python -m bench.soak --clients 4 --minutes 3 --workers 2 --seed 0
+
+Loopback only, bounded in time. The clients (bench/soak_traffic.py) send random valid and
+invalid Embed, EmbedBatch and EmbedStream requests back to back, with client.retry's
+policy on their channels; every valid answer is checked bit for bit against the tables of
+the version it names (bench/soak_oracle.py). Meanwhile, at fixed fractions of the run:
+new versions are published (``--versions``), a version with a corrupted file is dropped
+in (``--bad``), and one worker is SIGKILLed (``--kill-at``) for the parent to restart.
+The server polls the repository every ``--poll-seconds``.
+
+Prints progress every ``--progress`` seconds, then the summary; writes
+``<out>/soak.json``, ``<out>/soak.png`` (p50/p99 and server RSS over time) and the
+server's log ``<out>/soak-server.log``; the temporary model repository is removed. Exits 1
+unless lost = corrupted = wrong codes = failed valid requests = 0, no bad version was
+served, the last good version is served at the end, and the killed worker came back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench.servers import free_port, wait_serving
+from bench.soak_oracle import Oracle
+from bench.soak_report import format_summary, latency_windows, percentile, plot_soak
+from bench.soak_requests import RequestMaker
+from bench.soak_server import ROOT, VOCAB_SIZE, Publisher, launch, tree_rss_mb, worker_pids
+from bench.soak_traffic import AttemptCounter, SoakClient, Tally
+from client.retry import RetryPolicy
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+
+__all__ = ["main", "parse_args", "run_soak"]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The soak's flags."""
+    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--minutes", type=float, default=3.0)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--versions", type=int, default=2, help="good versions published midway")
+    p.add_argument("--bad", type=int, default=1, help="corrupted versions dropped in")
+    p.add_argument("--kill-at", type=float, default=0.5,
+                   help="fraction of the run at which a worker is SIGKILLed; 0 = never")
+    p.add_argument("--poll-seconds", type=float, default=1.0)
+    p.add_argument("--invalid", type=float, default=0.15, help="share of invalid requests")
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--window", type=float, default=5.0, help="seconds per latency window")
+    p.add_argument("--progress", type=float, default=10.0)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra flag for python -m service (repeatable)")
+    args = p.parse_args(argv)
+    if args.kill_at and args.workers < 2:
+        p.error("--kill-at needs --workers >= 2 (the parent restarts a killed worker)")
+    return args
+
+
+def _schedule(args: argparse.Namespace) -> list[tuple[float, str]]:
+    """(fraction of the run, event): good versions spread over 20..80 %, bad ones between."""
+    events = [(0.2 + 0.6 * i / max(1, args.versions - 1) if args.versions > 1 else 0.3,
+               "publish") for i in range(args.versions)]
+    events += [(0.35 + 0.1 * i, "bad") for i in range(args.bad)]
+    if args.kill_at:
+        events.append((args.kill_at, "kill"))
+    return sorted(events)
+
+
+class _Run:
+    """The live state of one soak: server, publisher, tally, samples and events."""
+
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args, self.root = args, root
+        tokenizer = load_tokenizer(gpt2_spec(), default_ranks_path())
+        self.oracle = Oracle(args.max_seq_len, tokenizer.encode)
+        self.encode = tokenizer.encode
+        self.publisher = Publisher(root, self.oracle, args.dim, args.max_seq_len)
+        self.publisher.publish()  # version 1, before the server starts
+        self.port = free_port()
+        self.server = launch(root, self.port, args.workers, args.poll_seconds, args.server_arg)
+        self.tally = Tally()
+        self.events: list[dict[str, Any]] = []
+        self.rss: list[dict[str, Any]] = []
+        self.killed: int | None = None
+        self.counter = AttemptCounter(self.server.target)
+        self.serving_before = 0
+
+    def log_count(self, text: str) -> int:
+        return sum(text in line for line in self.server.log.read_text().splitlines())
+
+    def event(self, kind: str, label: str) -> None:
+        t = time.monotonic() - self.tally.t0
+        self.events.append({"t": round(t, 2), "kind": kind, "label": label})
+        print(f"[{t:6.1f}s] {label}", flush=True)
+
+    async def fire(self, kind: str) -> None:
+        if kind == "publish":
+            version, cid = await asyncio.to_thread(self.publisher.publish)
+            self.event(kind, f"published v{version} ({cid[:12]})")
+        elif kind == "bad":
+            version = await asyncio.to_thread(self.publisher.publish_bad)
+            self.event(kind, f"dropped in bad v{version} (one byte flipped)")
+        elif kind == "kill":
+            pids = worker_pids(self.server.proc.pid)
+            self.killed = random.Random(self.args.seed).choice(pids)
+            self.serving_before = self.log_count(" serving ")
+            self.counter.sample()  # the killed connection's subchannel counts go with it
+            os.kill(self.killed, signal.SIGKILL)
+            self.event(kind, f"SIGKILL worker pid {self.killed} (of {pids})")
+
+    def watch_restart(self) -> None:
+        """Record when the parent restarted the killed worker and when it served again."""
+        kinds = {e["kind"] for e in self.events}
+        if self.killed is None or "serving_again" in kinds:
+            return
+        if "restarted" not in kinds and self.log_count("restarted: pid"):
+            self.event("restarted", "parent restarted the worker")
+        if "restarted" in {e["kind"] for e in self.events} and \
+                self.log_count(" serving ") > self.serving_before:
+            self.event("serving_again", "replacement worker serving")
+
+    def sample(self) -> None:
+        total, each = tree_rss_mb(self.server.proc.pid)
+        self.rss.append({"t": round(time.monotonic() - self.tally.t0, 2),
+                         "total_mb": round(total, 1),
+                         "processes": {str(k): round(v, 1) for k, v in each.items()}})
+
+    def progress(self) -> None:
+        t = self.tally
+        print(f"[{time.monotonic() - t.t0:6.1f}s] requests {sum(t.requests.values())} "
+              f"answered {t.answered} failed {sum(t.failures.values())} wrong-code "
+              f"{t.wrong_code} lost {t.lost} corrupted {t.corrupted} retries "
+              f"{self.counter.retries} "
+              f"resumes {t.stream_resumes} versions {dict(sorted(t.versions.items()))} "
+              f"rss {self.rss[-1]['total_mb'] if self.rss else 0:.0f} MB", flush=True)
+
+
+async def _drive(run: _Run) -> None:
+    args = run.args
+    duration = args.minutes * 60
+    run.tally.t0 = time.monotonic()
+    until = run.tally.t0 + duration
+    target = run.server.target
+    clients = [SoakClient(i, target, RetryPolicy(), run.oracle,
+                          RequestMaker(random.Random(args.seed * 1000 + i), VOCAB_SIZE,
+                                       args.max_seq_len, run.encode),
+                          run.tally, args.invalid) for i in range(args.clients)]
+    tasks = [asyncio.create_task(c.run(until, random.Random(args.seed * 7919 + i)))
+             for i, c in enumerate(clients)]
+    pending = _schedule(args)
+    next_progress = args.progress
+    while not all(t.done() for t in tasks):
+        await asyncio.sleep(0.5)
+        elapsed = time.monotonic() - run.tally.t0
+        while pending and pending[0][0] * duration <= elapsed:
+            await run.fire(pending.pop(0)[1])
+        run.watch_restart()
+        run.counter.sample()
+        if not run.rss or elapsed - run.rss[-1]["t"] >= 1.0:
+            run.sample()
+        if elapsed >= next_progress:
+            run.progress()
+            next_progress += args.progress
+    await asyncio.gather(*tasks)  # re-raise a client's crash, if any
+    run.counter.sample()
+    for c in clients:
+        await c.close()
+
+
+def _final_versions(target: str, n: int = 4) -> list[int]:
+    """The version each of ``n`` fresh connections is served (any worker may answer)."""
+    out = []
+    for _ in range(n):
+        with grpc.insecure_channel(target) as channel:
+            stub = pb_grpc.EmbeddingServiceStub(channel)
+            out.append(stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=[1])),
+                                  timeout=30).version)
+    return out
+
+
+def _report(run: _Run, final: list[int], exit_code: int | None) -> dict[str, Any]:
+    args, t = run.args, run.tally
+    valid = sum(n for (_, _, v), n in t.codes.items() if v)
+    invalid = sum(n for (_, _, v), n in t.codes.items() if not v)
+    lats = [lat * 1e3 for _, lat, _ in t.latencies]
+    windows = latency_windows(t.latencies, args.minutes * 60, args.window)
+    p99s = [w["p99_ms"] for w in windows if w["answers"]]
+    rss = [r["total_mb"] for r in run.rss]
+    log_lines = [line for line in run.server.log.read_text().splitlines()
+                 if any(k in line for k in ("restart", "refused", "loaded model", "Traceback",
+                                            " ERROR ", "started "))]
+    pub = run.publisher
+    checks = {
+        "lost": t.lost, "corrupted": t.corrupted, "wrong_code": t.wrong_code,
+        "failed_valid": sum(t.failures.values()),
+        "bad_versions_answered": sum(t.versions[v] for v in pub.bad),
+        "bad_versions_refused": all(run.log_count(f"refused model=soak version={v}:") > 0
+                                    for v in pub.bad),
+        "final_version_is_last_good": all(v == pub.good[-1] for v in final),
+        "killed_worker_restarted": run.killed is None
+        or "serving_again" in {e["kind"] for e in run.events},
+        "server_exit_code": exit_code,
+    }
+    passed = (checks["lost"] == checks["corrupted"] == checks["wrong_code"]
+              == checks["failed_valid"] == checks["bad_versions_answered"] == 0
+              and bool(checks["bad_versions_refused"])
+              and bool(checks["final_version_is_last_good"])
+              and bool(checks["killed_worker_restarted"]) and exit_code == 0)
+    codes = {f"{rpc} {code} {'valid' if v else 'invalid'}": n
+             for (rpc, code, v), n in sorted(t.codes.items())}
+    return {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "totals": {"requests": valid + invalid, "by_rpc": dict(t.requests), "valid": valid,
+                   "invalid": invalid, "answered": t.answered,
+                   "failed_valid": sum(t.failures.values()),
+                   "failures_by_code": dict(t.failures), "wrong_code": t.wrong_code,
+                   "codes": codes, "calls": run.counter.calls,
+                   "attempts": run.counter.attempts, "retries": run.counter.retries,
+                   "stream_resumes": t.stream_resumes, "lost": t.lost,
+                   "corrupted": t.corrupted, "versions": dict(sorted(t.versions.items()))},
+        "latency": {"p50_ms": percentile(lats, 0.5), "p99_ms": percentile(lats, 0.99),
+                    "window_p99_min_ms": min(p99s, default=float("nan")),
+                    "window_p99_max_ms": max(p99s, default=float("nan"))},
+        "latency_windows": windows, "rss": run.rss,
+        "rss_summary": {"start_mb": rss[0] if rss else 0, "end_mb": rss[-1] if rss else 0,
+                        "min_mb": min(rss, default=0), "max_mb": max(rss, default=0)},
+        "events": run.events, "published": {"good": pub.good, "bad": pub.bad},
+        "final_versions": final, "server_log": log_lines[:40], "problems": t.problems,
+        "checks": checks, "passed": passed,
+    }
+
+
+def run_soak(args: argparse.Namespace) -> dict[str, Any]:
+    """Run one soak; write soak.json and soak.png under ``args.out``; return the report."""
+    root = Path(tempfile.mkdtemp(prefix="embed-soak-"))
+    run = _Run(args, root)
+    try:
+        wait_serving(run.server, 120)
+        deadline = time.monotonic() + 120
+        while run.log_count(" serving ") < args.workers:  # every worker, not just one
+            if time.monotonic() > deadline or run.server.proc.poll() is not None:
+                raise RuntimeError(f"workers not serving; log:\n{run.server.log.read_text()}")
+            time.sleep(0.2)
+        print(f"soak: {args.clients} clients x {args.minutes} min against "
+              f"{run.server.target} (--workers {args.workers}, repository {root})", flush=True)
+        asyncio.run(_drive(run))
+        final = _final_versions(run.server.target)
+    finally:
+        if run.server.proc.poll() is None:
+            run.server.proc.send_signal(signal.SIGTERM)
+        try:
+            exit_code: int | None = run.server.proc.wait(timeout=60)
+        except Exception:
+            run.server.proc.kill()
+            exit_code = None
+    report = _report(run, final, exit_code)
+    args.out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(run.server.log, args.out / "soak-server.log")
+    shutil.rmtree(root, ignore_errors=True)  # the repository: tens of MB per version
+    (args.out / "soak.json").write_text(json.dumps(report, indent=1))
+    plot_soak(report, args.out / "soak.png")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m bench.soak``: run, print the summary, exit 1 unless every check passed."""
+    args = parse_args(argv)
+    report = run_soak(args)
+    print(format_summary(report))
+    print(f"wrote {args.out / 'soak.json'} and {args.out / 'soak.png'}")
+    raise SystemExit(0 if report["passed"] else 1)
+
+
+if __name__ == "__main__":
+    main()

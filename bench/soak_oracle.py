@@ -1,0 +1,123 @@
+"""The soak's oracle: the tables of every published version, and an exact check of each answer.
+
+An answer names its version and checkpoint_id; its rows are recomputed from that
+version's own tables (kept here in fp32, keyed by checkpoint_id) the way the contract
+says: ``token_table[ids] + position_table[s .. s+T-1]`` added in fp32, then cast, and
+compared byte for byte. An answer whose checkpoint_id was never published, or whose
+version does not match it, fails too: that is how a mixed or half-loaded version shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from bench.soak_requests import MODEL, Expected, Item
+from genproto.embedding.v1 import embedding_pb2 as pb
+
+__all__ = ["Oracle", "PublishedVersion"]
+
+_TORCH_DTYPES: dict[int, torch.dtype] = {
+    pb.DTYPE_FLOAT32: torch.float32, pb.DTYPE_FLOAT16: torch.float16,
+    pb.DTYPE_BFLOAT16: torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    """One version the soak wrote: its number, id and fp32 tables."""
+
+    version: int
+    checkpoint_id: str
+    token_table: torch.Tensor  # (table_rows, C)
+    position_table: torch.Tensor  # (max_seq_len, C)
+
+
+class Oracle:
+    """Published versions by checkpoint_id; ``check_*`` return None or what is wrong."""
+
+    def __init__(self, max_seq_len: int, encode: Callable[[str, bool], list[int]]) -> None:
+        self.max_seq_len = max_seq_len
+        self.encode = encode
+        self.versions: dict[str, PublishedVersion] = {}
+
+    def add(self, v: PublishedVersion) -> None:
+        """Register a version before it becomes visible to the server."""
+        self.versions[v.checkpoint_id] = v
+
+    def fit(self, item: Item, truncate: int, special: bool) -> tuple[list[int], int]:
+        """The ids the server must embed for ``item``, and how many it must cut."""
+        ids = list(item.ids) if item.ids is not None else self.encode(item.text or "", special)
+        room = self.max_seq_len - item.start
+        if len(ids) <= room:
+            return ids, 0
+        kept = ids[:room] if truncate == pb.TRUNCATE_RIGHT else ids[len(ids) - room:]
+        return kept, len(ids) - room
+
+    @staticmethod
+    def rows(v: PublishedVersion, ids: Sequence[int], start: int, compose: int,
+             dtype: int) -> torch.Tensor:
+        """The exact (T, C) rows in the wire dtype."""
+        tok = v.token_table[torch.tensor(list(ids), dtype=torch.long)]  # (T, C)
+        pos = v.position_table[start:start + len(ids)]  # (T, C)
+        if compose == pb.COMPOSE_TOKEN_ONLY:
+            out = tok
+        elif compose == pb.COMPOSE_POSITION_ONLY:
+            out = pos
+        else:
+            out = tok + pos  # fp32 add, as the contract says
+        return out.to(_TORCH_DTYPES[dtype]).contiguous()
+
+    def _version(self, model: str, version: int, checkpoint_id: str) -> PublishedVersion | str:
+        v = self.versions.get(checkpoint_id)
+        if v is None:
+            return f"checkpoint_id {checkpoint_id[:16]} was never published"
+        if model != MODEL or version != v.version:
+            return (f"answer names {model}/{version} but checkpoint_id {checkpoint_id[:12]} "
+                    f"is {MODEL}/{v.version}")
+        return v
+
+    def _tensor(self, t: pb.Tensor, v: PublishedVersion, parts: list[tuple[list[int], int]],
+                exp: Expected) -> str | None:
+        want = torch.cat([self.rows(v, ids, start, exp.compose, exp.dtype)
+                          for ids, start in parts]) if parts else None
+        assert want is not None
+        if list(t.shape) != list(want.shape) or t.dtype != exp.dtype:
+            return f"tensor {list(t.shape)}/{t.dtype}, expected {list(want.shape)}/{exp.dtype}"
+        if t.data != want.view(torch.uint8).numpy().tobytes():
+            return f"rows differ from version {v.version}'s tables"
+        return None
+
+    def check_embed(self, resp: pb.EmbedResponse, exp: Expected) -> str | None:
+        """None when ``resp`` is exactly what ``exp`` asks of the version it names."""
+        v = self._version(resp.model, resp.version, resp.checkpoint_id)
+        if isinstance(v, str):
+            return v
+        (item,) = exp.items
+        ids, cut = self.fit(item, exp.truncate, exp.allow_special)
+        if list(resp.token_ids) != ids or resp.truncated_tokens != cut:
+            return f"token_ids {list(resp.token_ids)[:6]}.. cut {resp.truncated_tokens}, " \
+                   f"expected {ids[:6]}.. cut {cut}"
+        if resp.start_position != item.start:
+            return f"start_position {resp.start_position}, expected {item.start}"
+        return self._tensor(resp.embeddings, v, [(ids, item.start)], exp)
+
+    def check_batch(self, resp: pb.EmbedBatchResponse, exp: Expected) -> str | None:
+        """The batch's one tensor, offsets and items, all from the one version it names."""
+        v = self._version(resp.model, resp.version, resp.checkpoint_id)
+        if isinstance(v, str):
+            return v
+        parts = [self.fit(item, exp.truncate, exp.allow_special) for item in exp.items]
+        offsets = [0]
+        for ids, _ in parts:
+            offsets.append(offsets[-1] + len(ids))
+        if list(resp.offsets) != offsets or len(resp.items) != len(parts):
+            return f"offsets {list(resp.offsets)}, expected {offsets}"
+        for i, (got, (ids, cut), item) in enumerate(zip(resp.items, parts, exp.items)):
+            if list(got.token_ids) != ids or got.truncated_tokens != cut \
+                    or got.start_position != item.start:
+                return f"items[{i}] token_ids/cut/start differ"
+        return self._tensor(resp.embeddings, v,
+                            [(ids, item.start) for (ids, _), item in zip(parts, exp.items)],
+                            exp)

@@ -1,0 +1,98 @@
+"""The soak's report: latency and RSS over time, totals, verdicts; JSON, a PNG and a summary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["format_summary", "latency_windows", "percentile", "plot_soak"]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of unsorted ``values`` (nan when empty)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def latency_windows(latencies: Sequence[tuple[float, float, str]], seconds: float,
+                    window_s: float) -> list[dict[str, float]]:
+    """Per window of ``window_s``: answers, p50 and p99 latency in ms (all RPCs together)."""
+    n = max(1, int(seconds // window_s + (seconds % window_s > 1e-9)))
+    buckets: list[list[float]] = [[] for _ in range(n)]
+    for t, lat, _ in latencies:
+        buckets[min(n - 1, int(t // window_s))].append(lat * 1e3)
+    return [{"t": round((i + 0.5) * window_s, 2), "answers": len(b),
+             "p50_ms": percentile(b, 0.5), "p99_ms": percentile(b, 0.99)}
+            for i, b in enumerate(buckets)]
+
+
+def plot_soak(report: Mapping[str, Any], path: Path) -> Path:
+    """Two panels sharing the time axis: p50/p99 latency, and the server's RSS; events as
+    vertical lines (versions published, the bad version, the SIGKILL, the restart)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    w = [x for x in report["latency_windows"] if x["answers"]]
+    ax1.plot([x["t"] for x in w], [x["p50_ms"] for x in w], label="p50", color="#1f77b4")
+    ax1.plot([x["t"] for x in w], [x["p99_ms"] for x in w], label="p99", color="#d62728")
+    ax1.set_yscale("log")
+    ax1.set_ylabel("latency, ms (valid answers)")
+    ax1.legend(loc="upper left")
+    rss = report["rss"]
+    ax2.plot([r["t"] for r in rss], [r["total_mb"] for r in rss], color="#2ca02c",
+             label="server RSS (parent + workers)")
+    ax2.set_ylabel("RSS, MB")
+    ax2.set_xlabel("seconds since the clients started")
+    ax2.set_ylim(bottom=0)
+    ax2.legend(loc="lower right")
+    colors = {"publish": "#9467bd", "bad": "#ff7f0e", "kill": "#000000", "restarted": "#7f7f7f"}
+    for ev in report["events"]:
+        for ax in (ax1, ax2):
+            ax.axvline(ev["t"], color=colors.get(ev["kind"], "#333333"), ls="--", lw=1)
+        ax1.annotate(ev["label"], (ev["t"], 1), xycoords=("data", "axes fraction"),
+                     rotation=90, va="top", ha="right", fontsize=7)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    c = report["config"]
+    fig.suptitle(f"soak: {c['clients']} clients x {c['minutes']} min, --workers "
+                 f"{c['workers']}, {report['totals']['requests']} requests, "
+                 f"lost {report['totals']['lost']}, corrupted {report['totals']['corrupted']}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def format_summary(report: Mapping[str, Any]) -> str:
+    """The figures a person reads: totals, codes, retries, latency, RSS, events, verdict."""
+    t, lat, rss = report["totals"], report["latency"], report["rss_summary"]
+    lines = [
+        f"requests {t['requests']} ({', '.join(f'{k} {v}' for k, v in t['by_rpc'].items())}; "
+        f"{t['valid']} valid, {t['invalid']} invalid)",
+        f"valid answered {t['answered']}, valid failed {t['failed_valid']} "
+        f"{dict(t['failures_by_code'])}",
+        f"invalid with the expected code {t['invalid'] - t['wrong_code']}, "
+        f"wrong code {t['wrong_code']}",
+        f"codes: {t['codes']}",
+        f"retries (channelz: attempts - calls) {t['retries']}; stream resumes "
+        f"{t['stream_resumes']}",
+        f"lost {t['lost']}, corrupted {t['corrupted']}",
+        f"answers by version {t['versions']}",
+        f"latency of valid answers: p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms; "
+        f"per-window p99 {lat['window_p99_min_ms']:.1f}..{lat['window_p99_max_ms']:.1f} ms",
+        f"server RSS: start {rss['start_mb']:.0f} MB, end {rss['end_mb']:.0f} MB, "
+        f"min {rss['min_mb']:.0f}, max {rss['max_mb']:.0f} MB",
+    ]
+    lines += [f"event t={ev['t']:.1f}s {ev['label']}" for ev in report["events"]]
+    lines += [f"server: {line}" for line in report["server_log"]]
+    lines += [f"problem: {p}" for p in report["problems"]]
+    lines.append("verdict: " + ("PASS" if report["passed"] else "FAIL") + " "
+                 + ", ".join(f"{k}={v}" for k, v in report["checks"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,232 @@
+"""The soak's clients: random Embed / EmbedBatch / EmbedStream calls, every outcome tallied.
+
+Each client owns one grpc.aio channel with client.retry's policy (gRPC retries
+UNAVAILABLE below us). Outcomes, per request message:
+
+* valid and answered: checked by the oracle; a mismatch is *corrupted*;
+* valid and refused: a *failure* under its code;
+* invalid: must get exactly its expected code (else *wrong_code*);
+* *lost*: a valid request sent and never answered: its deadline expired, or its stream
+  ended OK with fewer answers than requests.
+
+A stream broken after its first answer (gRPC no longer retries it then) is resumed from
+its first unanswered request on a new stream (``stream_resumes``), up to 3 times.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from bench.soak_oracle import Oracle
+from bench.soak_requests import Expected, RequestMaker
+from client.retry import RetryPolicy
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+
+__all__ = ["AttemptCounter", "SoakClient", "Tally"]
+
+OK = grpc.StatusCode.OK
+_DEADLINE_S = 30.0
+_MAX_RESUMES = 3
+
+
+@dataclass
+class Tally:
+    """Everything the clients saw; shared by all clients (one event loop, no locks)."""
+
+    t0: float = field(default_factory=time.monotonic)
+    requests: Counter[str] = field(default_factory=Counter)  # rpc -> request messages
+    codes: Counter[tuple[str, str, bool]] = field(default_factory=Counter)  # rpc, code, valid
+    answered: int = 0
+    failures: Counter[str] = field(default_factory=Counter)  # code of a refused valid request
+    wrong_code: int = 0
+    corrupted: int = 0
+    lost: int = 0
+    stream_resumes: int = 0
+    versions: Counter[int] = field(default_factory=Counter)  # version named by answers
+    latencies: list[tuple[float, float, str]] = field(default_factory=list)  # t, s, rpc
+    problems: list[str] = field(default_factory=list)  # the first few, verbatim
+
+    def problem(self, text: str) -> None:
+        if len(self.problems) < 20:
+            self.problems.append(f"t={time.monotonic() - self.t0:.1f}s {text}")
+
+    def outcome(self, rpc: str, exp: Expected, code: grpc.StatusCode, details: str = "") -> None:
+        """Tally a request that got ``code`` (answers are tallied by ``answer``)."""
+        valid = exp.code == OK
+        self.requests[rpc] += 1
+        self.codes[(rpc, code.name, valid)] += 1
+        if valid and code != OK:
+            self.failures[code.name] += 1
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                self.lost += 1  # sent, and no answer came within the deadline
+            self.problem(f"{rpc}: valid request got {code.name}: {details}")
+        elif not valid and code != exp.code:
+            self.wrong_code += 1
+            self.problem(f"{rpc}: invalid ({exp.why}) got {code.name}, expected "
+                         f"{exp.code.name}: {details}")
+
+    def answer(self, rpc: str, exp: Expected, resp: Any, wrong: str | None, sent: float) -> None:
+        """Tally an answer and the oracle's verdict on it."""
+        now = time.monotonic()
+        self.outcome(rpc, exp, OK)
+        if exp.code != OK:
+            return  # counted as wrong_code already
+        self.answered += 1
+        self.versions[int(resp.version)] += 1
+        self.latencies.append((now - self.t0, now - sent, rpc))
+        if wrong is not None:
+            self.corrupted += 1
+            self.problem(f"{rpc} {resp.request_id}: {wrong}")
+
+
+def _code(e: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
+    return e.code(), str(e.details())
+
+
+class SoakClient:
+    """One client: its own channel, random calls back to back (``run``), then ``close``."""
+
+    def __init__(self, index: int, target: str, retry: RetryPolicy, oracle: Oracle,
+                 maker: RequestMaker, tally: Tally, invalid_share: float) -> None:
+        # A local subchannel pool: this channel's attempts are counted on its own
+        # subchannels (channelz), not on ones shared with other channels.
+        options = [*retry.channel_options(), ("grpc.use_local_subchannel_pool", 1)]
+        self.channel = grpc.aio.insecure_channel(target, options=options)
+        self.stub = pb_grpc.EmbeddingServiceStub(self.channel)
+        self.index, self.oracle, self.maker, self.tally = index, oracle, maker, tally
+        self.invalid_share = invalid_share
+        self.n = 0
+
+    def _rid(self) -> str:
+        self.n += 1
+        return f"c{self.index}-{self.n}"
+
+    async def embed(self) -> None:
+        bad = self.maker.rng.random() < self.invalid_share
+        req, exp = (self.maker.bad_embed if bad else self.maker.embed)(self._rid())
+        sent = time.monotonic()
+        try:
+            resp = await self.stub.Embed(req, timeout=_DEADLINE_S)
+        except grpc.RpcError as e:
+            self.tally.outcome("Embed", exp, *_code(e))
+            return
+        wrong = self.oracle.check_embed(resp, exp) if exp.code == OK else None
+        self.tally.answer("Embed", exp, resp, wrong, sent)
+
+    async def batch(self) -> None:
+        bad = self.maker.rng.random() < self.invalid_share
+        req, exp = (self.maker.bad_batch if bad else self.maker.batch)(self._rid())
+        sent = time.monotonic()
+        try:
+            resp = await self.stub.EmbedBatch(req, timeout=_DEADLINE_S)
+        except grpc.RpcError as e:
+            self.tally.outcome("EmbedBatch", exp, *_code(e))
+            return
+        wrong = self.oracle.check_batch(resp, exp) if exp.code == OK else None
+        self.tally.answer("EmbedBatch", exp, resp, wrong, sent)
+
+    async def stream(self) -> None:
+        """1..8 requests on one stream; with invalid_share, the last one is invalid."""
+        k = self.maker.rng.randint(1, 8)
+        pairs = [self.maker.embed(self._rid()) for _ in range(k)]
+        if self.maker.rng.random() < self.invalid_share:
+            pairs[-1] = self.maker.bad_embed(self._rid())
+        resumes = 0
+        while pairs:
+            done, code, details = await self._one_stream(pairs)
+            pairs = pairs[done:]
+            if code == OK:
+                if pairs:  # the stream ended cleanly without answering everything
+                    self.tally.lost += len(pairs)
+                    self.tally.problem(f"EmbedStream ended OK with {len(pairs)} unanswered")
+                return
+            if pairs and pairs[0][1].code != OK:  # the invalid one: its status ends it
+                self.tally.outcome("EmbedStream", pairs[0][1], code, details)
+                return
+            if code == grpc.StatusCode.UNAVAILABLE and done > 0 and resumes < _MAX_RESUMES:
+                resumes += 1  # broken after an answer: gRPC will not retry it; we resume
+                self.tally.stream_resumes += 1
+                continue
+            for _, exp in pairs:
+                self.tally.outcome("EmbedStream", exp, code, details)
+            return
+
+    async def _one_stream(self, pairs: Sequence[tuple[pb.EmbedRequest, Expected]]
+                          ) -> tuple[int, grpc.StatusCode, str]:
+        """Send ``pairs`` on a new stream; returns (answers tallied, final code, details)."""
+        sent = time.monotonic()
+        call = self.stub.EmbedStream(iter([req for req, _ in pairs]), timeout=_DEADLINE_S)
+        done = 0
+        try:
+            async for resp in call:
+                exp = pairs[done][1]
+                wrong = self.oracle.check_embed(resp, exp) if exp.code == OK else None
+                self.tally.answer("EmbedStream", exp, resp, wrong, sent)
+                done += 1
+        except grpc.RpcError as e:
+            return (done, *_code(e))
+        return done, OK, ""
+
+    async def run(self, until: float, rng: random.Random) -> None:
+        """Random calls (Embed 2 : EmbedBatch 1 : EmbedStream 1) until ``until``."""
+        while time.monotonic() < until:
+            await rng.choices((self.embed, self.batch, self.stream), weights=(2, 1, 1))[0]()
+
+    async def close(self) -> None:
+        """Close the channel (read ``attempts`` before: its counts go with it)."""
+        await self.channel.close()
+
+
+class AttemptCounter:
+    """Calls and attempts of this process's open channels to one target, from channelz.
+
+    A channel counts each call once; its subchannels count each attempt that reached a
+    connection, so attempts - calls is the number of retries sent. A subchannel's counts
+    go when its connection does (a killed worker), so ``sample`` keeps the largest count
+    seen per subchannel id: call it often, and right before killing a worker. Attempts
+    that failed before any connection existed (while reconnecting) are retried by gRPC
+    but counted on no subchannel: the figure is a lower bound. grpc's Python channelz
+    API is the private cygrpc one (what the grpcio-channelz servicer calls).
+    """
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.calls = 0
+        self._subchannels: dict[int, int] = {}  # id -> largest callsStarted seen
+
+    def sample(self) -> None:
+        """Read channelz now."""
+        import json
+
+        from grpc._cython import cygrpc
+
+        calls = 0
+        for ch in json.loads(cygrpc.channelz_get_top_channels(0)).get("channel", []):
+            if not ch["data"].get("target", "").endswith(self.target):
+                continue
+            calls += int(ch["data"].get("callsStarted", 0))
+            for ref in ch.get("subchannelRef", []):
+                sid = int(ref["subchannelId"])
+                sub = json.loads(cygrpc.channelz_get_subchannel(sid))["subchannel"]["data"]
+                got = int(sub.get("callsStarted", 0))
+                self._subchannels[sid] = max(got, self._subchannels.get(sid, 0))
+        self.calls = max(self.calls, calls)
+
+    @property
+    def attempts(self) -> int:
+        """Attempts counted on subchannels so far."""
+        return sum(self._subchannels.values())
+
+    @property
+    def retries(self) -> int:
+        """Attempts beyond each call's first."""
+        return self.attempts - self.calls
