@@ -20,10 +20,11 @@ from bench.loadgen import Window
 from client.shm import SharedMemoryRegion, rows_from_region
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
+from service.oip_tensors import DATATYPES
 
 __all__ = ["OIP_DATATYPES", "oip_request", "run_oip", "run_shm"]
 
-OIP_DATATYPES = {pb.DTYPE_FLOAT32: "FP32", pb.DTYPE_FLOAT16: "FP16", pb.DTYPE_BFLOAT16: "BF16"}
+OIP_DATATYPES = DATATYPES  # proto DType → OIP datatype name, as the server maps them
 _NP = {"FP32": np.float32, "FP16": np.float16, "BF16": np.uint16}
 
 

@@ -194,17 +194,26 @@ def decode_tensor(tensor: pb.Tensor, raw_bfloat16: bool = False) -> np.ndarray:
     float32/float16: zero-copy view of the bytes. bfloat16: widened exactly to float32
     (bits << 16), or the raw bits as uint16 with ``raw_bfloat16=True``.
     """
-    wire = _WIRE.get(tensor.dtype)
-    if wire is None:
-        raise EmbeddingError(grpc.StatusCode.INTERNAL, f"unknown tensor dtype {tensor.dtype}")
     shape = tuple(int(d) for d in tensor.shape)
-    want = int(np.prod(shape, dtype=np.int64)) * wire.itemsize
-    if len(tensor.data) != want:
+    return tensor_view(tensor.data, tensor.dtype, shape, len(tensor.data), raw_bfloat16)
+
+
+def tensor_view(buffer: Any, dtype: int, shape: tuple[int, ...], nbytes: int,
+                raw_bfloat16: bool = False, offset: int = 0) -> np.ndarray:
+    """``nbytes`` of ``buffer`` at ``offset`` as a read-only array of ``shape`` (a view, no
+    copy; bf16 widened to float32 unless ``raw_bfloat16``); INTERNAL if the sizes disagree."""
+    wire = _WIRE.get(dtype)
+    if wire is None:
+        raise EmbeddingError(grpc.StatusCode.INTERNAL, f"unknown tensor dtype {dtype}")
+    count = int(np.prod(shape, dtype=np.int64))
+    want = count * wire.itemsize
+    if nbytes != want:
         raise EmbeddingError(grpc.StatusCode.INTERNAL,
-                             f"tensor of shape {shape} {_DTYPE_NAMES[tensor.dtype]} needs "
-                             f"{want} bytes, got {len(tensor.data)}")
-    array = np.frombuffer(tensor.data, dtype=wire).reshape(shape)  # (T, C), read-only view
-    if tensor.dtype == pb.DTYPE_BFLOAT16 and not raw_bfloat16:
+                             f"tensor of shape {shape} {_DTYPE_NAMES[dtype]} needs "  # type: ignore[index]
+                             f"{want} bytes, got {nbytes}")
+    array = np.frombuffer(buffer, dtype=wire, count=count, offset=offset).reshape(shape)
+    array.flags.writeable = False
+    if dtype == pb.DTYPE_BFLOAT16 and not raw_bfloat16:
         # bf16 is the top half of a float32, so widening by a shift is exact.
         array = (array.astype("<u4") << 16).view("<f4")  # (T, C) float32
         array.flags.writeable = False

@@ -20,20 +20,16 @@ import os
 import secrets
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import grpc
 import numpy as np
 
-from client.codec import EmbeddingError
+from client.codec import EmbeddingError, tensor_view
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["SHM_ROOT", "SharedMemoryRegion", "rows_from_region"]
 
 SHM_ROOT = Path("/dev/shm")
-_WIRE: dict[int, np.dtype[Any]] = {pb.DTYPE_FLOAT32: np.dtype("<f4"),
-                                   pb.DTYPE_FLOAT16: np.dtype("<f2"),
-                                   pb.DTYPE_BFLOAT16: np.dtype("<u2")}
 
 
 class SharedMemoryRegion:
@@ -80,22 +76,11 @@ class SharedMemoryRegion:
 def rows_from_region(region: SharedMemoryRegion, tensor: pb.Tensor,
                      placed: pb.SharedMemoryRange, raw_bfloat16: bool = False) -> np.ndarray:
     """The response's rows as a read-only view of the region (bf16 widened: a copy)."""
-    wire = _WIRE.get(tensor.dtype)
-    if wire is None:
-        raise EmbeddingError(grpc.StatusCode.INTERNAL, f"unknown tensor dtype {tensor.dtype}")
-    shape = tuple(int(d) for d in tensor.shape)
-    count = int(np.prod(shape, dtype=np.int64))
-    if placed.region != region.name or count * wire.itemsize != placed.byte_size or \
-            placed.offset + placed.byte_size > region.byte_size:
+    if placed.region != region.name or placed.offset + placed.byte_size > region.byte_size:
         raise EmbeddingError(grpc.StatusCode.INTERNAL,
                              f"server placed {placed.byte_size} bytes at {placed.offset} of "
-                             f"{placed.region!r}; expected {count * wire.itemsize} in "
-                             f"{region.name!r} ({region.byte_size} bytes)")
-    array = np.frombuffer(region.mapping, dtype=wire, count=count,
-                          offset=placed.offset).reshape(shape)  # (T, C) view, no copy
-    array.flags.writeable = False
-    if tensor.dtype == pb.DTYPE_BFLOAT16 and not raw_bfloat16:
-        widened = (array.astype("<u4") << 16).view("<f4")  # exact: bf16 is a float32's top
-        widened.flags.writeable = False
-        return widened
-    return array
+                             f"{placed.region!r}; this region is {region.name!r} "
+                             f"({region.byte_size} bytes)")
+    shape = tuple(int(d) for d in tensor.shape)
+    return tensor_view(region.mapping, tensor.dtype, shape, placed.byte_size, raw_bfloat16,
+                       offset=placed.offset)  # (T, C) view of the region, no copy

@@ -31,7 +31,7 @@ from genproto.inference.v2 import grpc_service_pb2 as oip
 from service import codec, tracing
 from service.admission import Admission, Options
 from service.api import EmbeddingService
-from service.errors import InvalidArgument, NotFound
+from service.errors import EmbedError, InvalidArgument
 from service.oip_tensors import (
     DATATYPES,
     output_dtype,
@@ -72,9 +72,7 @@ class InferenceService:
         """The model (and version, when given) is loaded."""
         try:
             self.native.repo.get(request.name, _version(request.version))
-        except (NotFound, InvalidArgument):
-            return oip.ModelReadyResponse(ready=False)
-        except Exception:  # nothing loaded yet
+        except EmbedError:  # unknown model or version, bad version text, nothing loaded yet
             return oip.ModelReadyResponse(ready=False)
         return oip.ModelReadyResponse(ready=not self.native.draining)
 
