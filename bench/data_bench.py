@@ -86,7 +86,7 @@ def generate_corpus(root: Path, size_mb: float, seed: int = 0) -> list[Path]:
 
 
 def _child(cache_dir: str, sources: Sequence[str]) -> None:
-    from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+    from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
     from training.data import load_tokens
 
     tokenizer = load_tokenizer(gpt2_spec(), default_ranks_path())

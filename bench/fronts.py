@@ -20,7 +20,7 @@ from bench.loadgen import Window
 from client.shm import SharedMemoryRegion, rows_from_region
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
-from service.oip_tensors import DATATYPES
+from service.rpc.oip_tensors import DATATYPES
 
 __all__ = ["OIP_DATATYPES", "oip_request", "run_oip", "run_shm"]
 

@@ -18,7 +18,7 @@ import torch
 from bench.backend_host import reply_handler, serve_forever
 from bench.naive_proto import SERVICE_NAME, NaiveResponse
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service.checkpoint import read_checkpoint
+from service.format.checkpoint import read_checkpoint
 
 __all__ = ["NaiveEmbedder", "main"]
 

@@ -43,7 +43,7 @@ from bench.soak_traffic import AttemptCounter, SoakClient, Tally
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 
 __all__ = ["main", "parse_args", "run_soak"]
 

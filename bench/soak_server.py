@@ -1,6 +1,6 @@
 """The soak's server side: the model repository it publishes into, and the server's processes.
 
-Versions are written by ``service.checkpoint.write_checkpoint`` (atomic: temp dir, then
+Versions are written by ``service.format.checkpoint.write_checkpoint`` (atomic: temp dir, then
 rename) into a staging directory next to the repository, registered with the oracle, and
 only then renamed into ``models/soak/<version>``, so no answer can name a version before
 the soak knows its tables. A bad version is a real one with one byte of its embeddings
@@ -20,8 +20,8 @@ import torch
 from bench.servers import GLIBC_TUNABLES, ServerProcess
 from bench.soak_oracle import Oracle, PublishedVersion
 from bench.soak_requests import MODEL
-from service.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE, write_checkpoint
-from service.tokenizer import default_ranks_path, gpt2_spec
+from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE, write_checkpoint
+from service.format.tokenizer import default_ranks_path, gpt2_spec
 
 __all__ = ["ROOT", "Publisher", "launch", "tree_rss_mb", "worker_pids"]
 

@@ -68,7 +68,7 @@ def flops_per_token(cfg: TrainConfig) -> float:
 
 def whole_run(cfg: TrainConfig, steps: int) -> dict[str, Any]:
     """Train ``cfg`` for ``steps`` steps like ``python -m training`` (no export)."""
-    from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+    from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
     from training.data import load_tokens
     from training.train import train
 

@@ -46,7 +46,12 @@ import torch
 from torch import nn
 
 from client import AsyncEmbeddingClient, EmbeddingError
-from service.checkpoint import EMBEDDINGS_FILE, MODEL_FILE, read_safetensors, verify_checkpoint
+from service.format.checkpoint import (
+    EMBEDDINGS_FILE,
+    MODEL_FILE,
+    read_safetensors,
+    verify_checkpoint,
+)
 from training.model import GPT, ModelConfig
 
 __all__ = ["METHOD", "Prediction", "RestOfGPT", "downstream_server", "main", "predict",
@@ -183,7 +188,7 @@ def train_demo_checkpoint(repository: Path, name: str = "nano", steps: int = 40,
 
     Returns the version directory and the trained model (the whole-model reference).
     """
-    from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+    from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
     from training.config import TrainConfig
     from training.data import load_tokens
     from training.export import export_model
@@ -253,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(_serve(RestOfGPT(args.checkpoint), args.target, args.port))
         return 0
 
-    from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+    from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="downstream-") as tmp:
         version_dir, _ = train_demo_checkpoint(Path(tmp) / "models")

@@ -15,7 +15,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from service.tokenizer import GPT2_RANKS_SHA256, default_ranks_path
+from service.format.tokenizer import GPT2_RANKS_SHA256, default_ranks_path
 
 __all__ = ["fetch", "main"]
 

@@ -23,19 +23,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service import tracing
-from service.api import SERVICE_NAME, EmbeddingService
-from service.batcher import Batcher
 from service.config import ServerConfig
+from service.dtypes import BY_NAME
+from service.engine.batcher import Batcher
+from service.engine.repository import LoadedModel, Repository, parse_pins
+from service.engine.tables import resolve_device
+from service.engine.validation import Limits
 from service.metrics import Metrics
-from service.oip import OIP_SERVICE_NAME, InferenceService
-from service.repository import LoadedModel, Repository, parse_pins
-from service.tables import resolve_device
-from service.validation import Limits
+from service.rpc.native import SERVICE_NAME, EmbeddingService
+from service.rpc.oip import OIP_SERVICE_NAME, InferenceService
 
 __all__ = ["EmbeddingServer", "ServerHandle", "serve", "start_in_thread"]
 
 log = logging.getLogger("service.server")
-_TABLE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class EmbeddingServer:
@@ -48,7 +48,7 @@ class EmbeddingServer:
             torch.set_num_threads(config.torch_threads)
         self.metrics = Metrics()
         self.repo = Repository(config.model_repository, self.device,
-                               _TABLE_DTYPES[config.table_dtype], config.default_model,
+                               BY_NAME[config.table_dtype].torch, config.default_model,
                                parse_pins(config.pin_versions), self._on_load)
         self.batcher = Batcher(config.max_batch_tokens, config.max_batch_delay_us,
                                config.max_queue_tokens, self.metrics.observe_batch)

@@ -39,15 +39,15 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
-from service.codec import DTYPE_NAMES
+from service.dtypes import BY_WIRE
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from service.admission import Admission
-    from service.batcher import Job
     from service.config import ServerConfig
+    from service.engine.admission import Admission
+    from service.engine.batcher import Job
 
 __all__ = ["SERVICE_NAME", "SHUTDOWN_SECONDS", "Tracing", "interceptors", "record", "setup",
            "shutdown"]
@@ -146,7 +146,7 @@ def record(admission: Admission, job: Job, request_id: str) -> None:
     parent.set_attributes({
         "embed.model": admission.model.name, "embed.version": admission.model.version,
         "embed.tokens": admission.tokens, "embed.sequences": len(admission.sequences),
-        "embed.dtype": DTYPE_NAMES[admission.options.dtype], "embed.request_id": request_id})
+        "embed.dtype": BY_WIRE[admission.options.dtype].name, "embed.request_id": request_id})
     context = trace.set_span_in_context(parent)
     spans: list[tuple[str, int, int, dict[str, Any]]] = []
     if timing.tokenize_ns > 0:

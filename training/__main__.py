@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from training import distributed
 from training.config import TrainConfig, parse_config
 from training.data import load_tokens

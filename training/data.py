@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from service.tokenizer import ENDOFTEXT, Tokenizer
+from service.format.tokenizer import ENDOFTEXT, Tokenizer
 
 __all__ = ["DEFAULT_CORPUS", "TokenData", "default_corpus_ids", "default_corpus_text",
            "iter_blocks", "load_tokens", "resolve_sources", "token_dtype"]
@@ -69,7 +69,7 @@ def default_corpus_text() -> str:
 
 def default_corpus_ids() -> list[int]:
     """The default corpus as GPT-2 token ids (the local ranks file; no network)."""
-    from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+    from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 
     return load_tokenizer(gpt2_spec(), default_ranks_path()).encode(default_corpus_text())
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from service.checkpoint import CheckpointError, list_versions, verify_checkpoint
+from service.format.checkpoint import CheckpointError, list_versions, verify_checkpoint
 from training.config import parse_config
 from training.malloc import reexec_with_tunables
 

@@ -1,6 +1,6 @@
 """Export a trained GPT as the next version of ``<repository>/<name>/``.
 
-The serving contract is service/checkpoint.py: the token table ``wte.weight``, the
+The serving contract is service/format/checkpoint.py: the token table ``wte.weight``, the
 position table ``wpe.weight`` when positions are learned (sinusoidal is recomputed by the
 server, RoPE has none), the tokenizer's ranks, the per-row update counts, and the rest of
 the LM (blocks, ln_f, lm_head) for downstream users. Trainer state never goes here.
@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from service.checkpoint import Manifest, next_version, write_checkpoint
-from service.tokenizer import TokenizerSpec
+from service.format.checkpoint import Manifest, next_version, write_checkpoint
+from service.format.tokenizer import TokenizerSpec
 from training.config import TrainConfig
 from training.train import TrainResult
 

@@ -2,7 +2,7 @@
 
 Each importer reads only the two input tables (token, and position where the model has
 one) through an explicit name map, checks their shapes against the source's own config,
-and writes a version with ``service.checkpoint.write_checkpoint`` (atomic, hashed).
+and writes a version with ``service.format.checkpoint.write_checkpoint`` (atomic, hashed).
 Sources are read without unpickling: safetensors for Hugging Face, and
 ``torch.load(weights_only=True)`` for nanoGPT's ``ckpt.pt``.
 
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from service.checkpoint import MANIFEST_FILE, Manifest, write_checkpoint
-from service.tokenizer import TokenizerSpec, default_ranks_path, gpt2_spec, load_tokenizer
+from service.format.checkpoint import MANIFEST_FILE, Manifest, write_checkpoint
+from service.format.tokenizer import TokenizerSpec, default_ranks_path, gpt2_spec, load_tokenizer
 
 __all__ = [
     "HF_GPT2_NAMES", "HF_LLAMA_NAMES", "LLAMA3_PAT_STR", "NANOGPT_NAMES", "ImporterError",

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from service.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
-from service.tables import sinusoidal_table
-from service.tokenizer import Tokenizer, load_tokenizer
+from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
+from service.format.positions import sinusoidal_table
+from service.format.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["InspectError", "LoadedModel", "load_model", "lookup_figure_size", "main",
            "nearest_tokens", "plot_lookup", "plot_positions", "position_similarity",

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from service.tables import sinusoidal_table  # the server recomputes it: same bits
+from service.format.positions import sinusoidal_table  # the server recomputes it: same bits
 from training.loss import DEFAULT_CHUNK, linear_cross_entropy
 
 __all__ = ["GPT", "POSITIONS", "ModelConfig", "rope_tables"]

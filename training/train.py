@@ -20,7 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from service.tokenizer import Tokenizer
+from service.format.tokenizer import Tokenizer
 from training import distributed
 from training.baseline import unigram_cross_entropy
 from training.config import TrainConfig

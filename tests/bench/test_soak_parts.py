@@ -17,7 +17,7 @@ from bench.soak_traffic import AttemptCounter, SoakClient, Tally
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from tests.tiny_model import start
 
 L = 32  # max_seq_len of the soak model here

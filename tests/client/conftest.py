@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from service.checkpoint import Checkpoint, read_checkpoint
+from service.format.checkpoint import Checkpoint, read_checkpoint
 
 Reference = Callable[..., np.ndarray]
 

@@ -13,7 +13,7 @@ import pytest
 
 from client import EmbeddingClient
 from client.cli import main
-from service.checkpoint import Checkpoint, read_checkpoint
+from service.format.checkpoint import Checkpoint, read_checkpoint
 from service.server import ServerHandle
 
 ROOT = Path(__file__).resolve().parents[2]

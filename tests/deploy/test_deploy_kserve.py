@@ -23,7 +23,7 @@ from google.protobuf import json_format
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.config import parse_config
-from service.oip_tensors import read_input, request_parameters
+from service.rpc.oip_tensors import read_input, request_parameters
 from tests.deploy.conftest import DEPLOY, REPO, TOOLS_BIN
 
 KSERVE = DEPLOY / "kserve"

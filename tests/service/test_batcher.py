@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service import codec
-from service.batcher import Batcher, Job
-from service.errors import DeadlineExceeded, ResourceExhausted
-from service.tables import (
+from service.engine.batcher import Batcher, Job
+from service.engine.tables import (
     COMPOSE_POSITION_ONLY,
     COMPOSE_TOKEN_ONLY,
     COMPOSE_TOKEN_PLUS_POSITION,
@@ -20,6 +18,8 @@ from service.tables import (
     EmbeddingTables,
     positions_of,
 )
+from service.errors import DeadlineExceeded, ResourceExhausted
+from service.rpc import codec
 from tests.tiny_model import tiny_tables
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from service.checkpoint import (
+from service.format.checkpoint import (
     EMBEDDINGS_FILE,
     MANIFEST_FILE,
     CheckpointError,
@@ -21,7 +21,7 @@ from service.checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
-from service.tokenizer import GPT2_RANKS_SHA256, gpt2_spec
+from service.format.tokenizer import GPT2_RANKS_SHA256, gpt2_spec
 from tests.tiny_model import DIM, MAX_SEQ_LEN, TABLE_ROWS, VOCAB_SIZE, MakeCheckpoint, tiny_tables
 
 

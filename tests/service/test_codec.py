@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service import codec
-from service.batcher import Timing
+from service.engine.batcher import Timing
+from service.rpc import codec
 
 
 def fill(reply: codec.Reply, rows: torch.Tensor, timing: tuple[int, int, int, int]) -> bytes:

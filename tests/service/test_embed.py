@@ -264,7 +264,7 @@ def test_bfloat16_tables_add_in_fp32(tiny_repo: Path) -> None:
 
 def test_sinusoidal_positions_computed_at_load(tmp_path: Path,
                                                make_checkpoint: MakeCheckpoint) -> None:
-    from service.tables import sinusoidal_table
+    from service.format.positions import sinusoidal_table
 
     make_checkpoint(tmp_path, "sin", position="sinusoidal", seed=2)
     token_table, _ = tiny_tables(2)

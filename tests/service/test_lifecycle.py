@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.checkpoint import EMBEDDINGS_FILE
+from service.format.checkpoint import EMBEDDINGS_FILE
 from service.server import ServerHandle
 from tests.tiny_model import MakeCheckpoint, start
 
@@ -73,7 +73,7 @@ def test_bad_version_refused_previous_keeps_serving(tmp_path: Path,
             data = bytearray((bad / EMBEDDINGS_FILE).read_bytes())
             data[len(data) // 2] ^= 0xFF  # one changed byte
             (bad / EMBEDDINGS_FILE).write_bytes(bytes(data))
-            with caplog.at_level(logging.ERROR, logger="service.repository"):
+            with caplog.at_level(logging.ERROR, logger="service.engine.repository"):
                 shutil.move(str(bad), repo / "tiny" / "2")
                 wait_for(lambda: any("refused model=tiny version=2" in r.getMessage()
                                      for r in caplog.records))

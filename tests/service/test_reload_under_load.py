@@ -22,7 +22,7 @@ import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE
+from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE
 from service.server import ServerHandle
 from tests.tiny_model import MAX_SEQ_LEN, VOCAB_SIZE, MakeCheckpoint, start, tiny_tables
 
@@ -139,7 +139,7 @@ def test_versions_swap_under_load_every_answer_exact(tmp_path: Path,
     make_checkpoint(repo, version=1, seed=SEEDS[1])
     handle = start(repo, poll_seconds=0.05)
     try:
-        with caplog.at_level(logging.INFO, logger="service.repository"):
+        with caplog.at_level(logging.INFO, logger="service.engine.repository"):
             load = asyncio.run(_scenario(handle, repo, staging, make_checkpoint, caplog))
     finally:
         handle.stop()

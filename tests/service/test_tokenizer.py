@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service.tokenizer import gpt2_spec, load_ranks, load_tokenizer
+from service.format.tokenizer import gpt2_spec, load_ranks, load_tokenizer
 
 
 @pytest.fixture(scope="module")

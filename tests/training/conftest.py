@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.tokenizer import Tokenizer, default_ranks_path, gpt2_spec, load_tokenizer
+from service.format.tokenizer import Tokenizer, default_ranks_path, gpt2_spec, load_tokenizer
 from training.config import TrainConfig
 
 MakeConfig = Callable[..., TrainConfig]

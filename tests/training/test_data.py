@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.tokenizer import Tokenizer
+from service.format.tokenizer import Tokenizer
 from tests.training.conftest import corpus_text
 from training.data import default_corpus_text, iter_blocks, load_tokens, resolve_sources
 

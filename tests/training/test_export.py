@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.checkpoint import MODEL_FILE, read_checkpoint, read_safetensors
-from service.tables import sinusoidal_table
-from service.tokenizer import Tokenizer, default_ranks_path, gpt2_spec
+from service.format.checkpoint import MODEL_FILE, read_checkpoint, read_safetensors
+from service.format.positions import sinusoidal_table
+from service.format.tokenizer import Tokenizer, default_ranks_path, gpt2_spec
 from tests.training.conftest import MakeConfig
 from training.config import TrainConfig
 from training.data import load_tokens

@@ -14,8 +14,8 @@ import torch
 import transformers  # in requirements-dev.txt: missing is an error, never a skip
 from safetensors.torch import save_file
 
-from service.checkpoint import read_checkpoint
-from service.tokenizer import GPT2_PAT_STR, default_ranks_path, load_tokenizer
+from service.format.checkpoint import read_checkpoint
+from service.format.tokenizer import GPT2_PAT_STR, default_ranks_path, load_tokenizer
 from training.importers import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

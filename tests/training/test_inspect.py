@@ -1,4 +1,4 @@
-"""training.inspect on real checkpoints written by service.checkpoint.write_checkpoint."""
+"""training.inspect on real checkpoints written by service.format.checkpoint.write_checkpoint."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from service.checkpoint import write_checkpoint
-from service.tables import sinusoidal_table
-from service.tokenizer import default_ranks_path, gpt2_spec
+from service.format.checkpoint import write_checkpoint
+from service.format.positions import sinusoidal_table
+from service.format.tokenizer import default_ranks_path, gpt2_spec
 from training.inspect import (
     load_model,
     lookup_figure_size,

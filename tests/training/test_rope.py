@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from service.checkpoint import EMBEDDINGS_FILE, MODEL_FILE, read_checkpoint, read_safetensors
-from service.tokenizer import Tokenizer, default_ranks_path, gpt2_spec
+from service.format.checkpoint import EMBEDDINGS_FILE, MODEL_FILE, read_checkpoint, read_safetensors
+from service.format.tokenizer import Tokenizer, default_ranks_path, gpt2_spec
 from tests.training.conftest import MakeConfig
 from training.data import load_tokens
 from training.export import export_model

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from service.tokenizer import Tokenizer
+from service.format.tokenizer import Tokenizer
 from tests.training.conftest import MakeConfig
 from training.config import TrainConfig
 from training.data import load_tokens

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from service.tokenizer import TokenizerSpec
+from service.dtypes import BY_TORCH, SAFETENSORS, TABLE_DTYPE_NAMES
+from service.format.tokenizer import TokenizerSpec
 
 __all__ = [
     "EMBEDDINGS_FILE",
@@ -59,9 +60,6 @@ ROW_UPDATES_FILE = "row_updates.safetensors"
 MODEL_FILE = "model.safetensors"
 POSITION_KINDS = ("learned", "sinusoidal", "none")
 
-_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "F64": torch.float64}
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 class CheckpointError(Exception):
@@ -112,7 +110,7 @@ class Manifest:
         if not (0 < m.vocab_size <= m.table_rows) or m.dim <= 0 or m.max_seq_len <= 0:
             raise CheckpointError(f"{where}: need 0 < vocab_size <= table_rows, dim > 0, "
                                   f"max_seq_len > 0")
-        if m.dtype not in _DTYPE_NAMES.values():
+        if m.dtype not in TABLE_DTYPE_NAMES:
             raise CheckpointError(f"{where}: dtype {m.dtype!r} not supported")
         for name in (EMBEDDINGS_FILE, m.tokenizer.file):
             if name not in m.files:
@@ -166,7 +164,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = _ST_DTYPES.get(info.get("dtype"))
+        dtype = SAFETENSORS.get(info.get("dtype"))
         if dtype is None:
             raise CheckpointError(f"{path.name}: {name} has unsupported dtype {info.get('dtype')}")
         shape = [int(s) for s in info["shape"]]
@@ -282,7 +280,7 @@ def write_checkpoint(
     if position_table is not None and tuple(position_table.shape) != (max_seq_len, dim):
         raise ValueError(f"position_table shape {tuple(position_table.shape)} != "
                          f"{(max_seq_len, dim)}")
-    dtype = _DTYPE_NAMES.get(token_table.dtype)
+    dtype = BY_TORCH[token_table.dtype].name if token_table.dtype in BY_TORCH else None
     if dtype is None:
         raise ValueError(f"token_table dtype {token_table.dtype} not supported")
 

@@ -28,18 +28,20 @@ import grpc
 import numpy as np
 
 from genproto.inference.v2 import grpc_service_pb2 as oip
-from service import codec, tracing
-from service.admission import Admission, Options
-from service.api import EmbeddingService
+from service import tracing
+from service.dtypes import BY_WIRE
+from service.engine.admission import Admission, Options
+from service.engine.shm import ShmDestination
 from service.errors import EmbedError, InvalidArgument
-from service.oip_tensors import (
+from service.rpc import codec
+from service.rpc.native import EmbeddingService
+from service.rpc.oip_tensors import (
     DATATYPES,
     output_dtype,
     read_input,
     request_parameters,
     requested_outputs,
 )
-from service.shm import ShmDestination
 
 __all__ = ["OIP_SERVICE_NAME", "InferenceService"]
 
@@ -149,7 +151,7 @@ class InferenceService:
         deadline = self.native.deadline(context)
         if shm is not None:
             region, offset = shm
-            rows = self.native.shm.rows(region, offset, (B, T, C), codec.DTYPES[dtype],
+            rows = self.native.shm.rows(region, offset, (B, T, C), BY_WIRE[dtype].torch,
                                         "outputs['embeddings']")
             p = fields.outputs[0].parameters
             p["shared_memory_region"].string_param = region
@@ -164,9 +166,9 @@ class InferenceService:
         if "sequence_lengths" in wanted:  # raw_output_contents[1], after the rows
             raw = np.asarray(lengths, dtype="<i8").tobytes()
             suffix += codec.bytes_field_prefix(_RAW_OUTPUT_FIELD, len(raw)) + raw
-        nbytes = B * T * C * codec.DTYPES[dtype].itemsize
+        nbytes = B * T * C * BY_WIRE[dtype].itemsize
         writer = codec.ResponseWriter(codec.bytes_field_prefix(_RAW_OUTPUT_FIELD, nbytes),
-                                      (B * T, C), codec.DTYPES[dtype], suffix, None)
+                                      (B * T, C), BY_WIRE[dtype].torch, suffix, None)
         return await self._fill(admission, writer.rows.view(B, T, C), writer, lengths, t0,
                                 deadline, request.id)
 

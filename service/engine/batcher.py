@@ -26,8 +26,8 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from service.engine.tables import EmbeddingTables, Span
 from service.errors import DeadlineExceeded, ResourceExhausted
-from service.tables import EmbeddingTables, Span
 
 __all__ = ["INLINE_TOKENS", "Batcher", "Destination", "Job", "Timing"]
 

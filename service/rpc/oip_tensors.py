@@ -13,15 +13,15 @@ import numpy as np
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
-from service.admission import Input
+from service.dtypes import BY_OIP, BY_WIRE
+from service.engine.admission import Input
 from service.errors import InvalidArgument
 
 __all__ = ["DATATYPES", "output_dtype", "read_input", "request_parameters",
            "requested_outputs"]
 
-DATATYPES: dict[int, str] = {pb.DTYPE_FLOAT32: "FP32", pb.DTYPE_FLOAT16: "FP16",
-                             pb.DTYPE_BFLOAT16: "BF16"}
-_DTYPE_OF = {name: dtype for dtype, name in DATATYPES.items()}
+DATATYPES: dict[int, str] = {wire: d.oip for wire, d in BY_WIRE.items()}  # the OIP names
+_DTYPE_OF = {name: d.wire for name, d in BY_OIP.items()}
 _COMPOSE: dict[str, int] = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITION,
             "token_only": pb.COMPOSE_TOKEN_ONLY, "position_only": pb.COMPOSE_POSITION_ONLY}
 _TRUNCATE: dict[str, int] = {"none": pb.TRUNCATE_NONE, "right": pb.TRUNCATE_RIGHT,

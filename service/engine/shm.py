@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from service.batcher import Timing
+from service.engine.batcher import Timing
 from service.errors import AlreadyExists, InvalidArgument, NotFound
 
 __all__ = ["SHM_ROOT", "Region", "SharedMemoryRegistry", "ShmDestination"]

@@ -35,23 +35,16 @@ import torch
 from google.protobuf.message import DecodeError, Message
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service.batcher import Timing
+from service.dtypes import BY_WIRE
+from service.engine.batcher import Timing
 from service.errors import InvalidArgument
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "TIMING_BYTES", "Reply", "ResponseWriter", "RowSlice",
+__all__ = ["TIMING_BYTES", "Reply", "ResponseWriter", "RowSlice",
            "Undecodable", "bytes_field_prefix", "identity", "padded_varint", "request_parser"]
 
 if sys.byteorder != "little":  # torch writes native order; the wire is little-endian
-    raise ImportError("service.codec supports little-endian hosts only")
+    raise ImportError("service.rpc.codec supports little-endian hosts only")
 
-# Output dtype per proto enum value. bfloat16 travels as its raw 2-byte bit pattern.
-DTYPES: dict[int, torch.dtype] = {
-    pb.DTYPE_FLOAT32: torch.float32,
-    pb.DTYPE_FLOAT16: torch.float16,
-    pb.DTYPE_BFLOAT16: torch.bfloat16,
-}
-DTYPE_NAMES: dict[int, str] = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_FLOAT16: "float16",
-                               pb.DTYPE_BFLOAT16: "bfloat16"}
 _TAG_EMBEDDINGS = b"\x0a"  # field 1, wire type 2 (length-delimited), in both responses
 _TAG_DATA = b"\x1a"  # Tensor.data: field 3, wire type 2
 _VARINT_MAX = 10  # bytes of the longest uint64 varint
@@ -103,7 +96,7 @@ def _timing(tag: int, queue_ns: int, tokenize_ns: int, compute_ns: int,
 @functools.lru_cache(maxsize=4096)
 def _head(T: int, C: int, dtype: int) -> bytes:
     # Everything before DATA; requests repeat a few shapes, so this is cached.
-    nbytes = T * C * DTYPES[dtype].itemsize
+    nbytes = T * C * BY_WIRE[dtype].itemsize
     header = pb.Tensor(shape=[T, C], dtype=dtype).SerializeToString()  # type: ignore[arg-type]
     data_len = _varint(nbytes)
     tensor_len = len(header) + 1 + len(data_len) + nbytes
@@ -178,7 +171,7 @@ class Reply:
     def __init__(self, fields: Message, shape: tuple[int, int], dtype: int) -> None:
         if fields.HasField("embeddings") or fields.HasField("timing"):
             raise ValueError("Reply fields must leave embeddings and timing unset")
-        self.dtype = DTYPES[dtype]
+        self.dtype = BY_WIRE[dtype].torch
         self.shape = shape
         T, C = shape
         self.head = _head(T, C, dtype)

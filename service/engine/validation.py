@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
+from service.engine.repository import LoadedModel
 from service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from service.repository import LoadedModel
 
 __all__ = ["Fitted", "Limits", "check_compose", "check_enum", "check_ids", "check_output_bytes",
            "check_response_size", "check_text", "fit_length"]

@@ -13,7 +13,6 @@ Rows are written into the caller's output tensors, which are the response bytes
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,7 +20,8 @@ import torch
 
 __all__ = ["COMPOSE_POSITION_ONLY", "COMPOSE_TOKEN_ONLY", "COMPOSE_TOKEN_PLUS_POSITION",
            "SHARED_GATHER_ROWS", "EmbeddingTables", "Part", "Span", "positions_of",
-           "resolve_device", "sinusoidal_table"]
+           "resolve_device"]
+
 
 Span = tuple[int, int]  # (start_position, T): one sequence's rows, consecutive in a batch
 # One request's share of a batch: ids (N,), its spans, and where its (N, C) rows go.
@@ -56,16 +56,6 @@ def positions_of(spans: Sequence[Span]) -> torch.Tensor:
     first_row = np.cumsum(lengths) - lengths  # row offset of each span
     n = int(lengths.sum())
     return torch.from_numpy(np.repeat(starts - first_row, lengths) + np.arange(n))
-
-
-def sinusoidal_table(max_seq_len: int, dim: int) -> torch.Tensor:
-    """Vaswani et al. (2017): PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(...)."""
-    position = torch.arange(max_seq_len, dtype=torch.float64).unsqueeze(1)  # (T, 1)
-    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
-    table = torch.zeros(max_seq_len, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * freq)  # (T, ceil(C/2))
-    table[:, 1::2] = torch.cos(position * freq[: dim // 2])  # (T, floor(C/2))
-    return table.to(torch.float32)
 
 
 class EmbeddingTables:

@@ -22,12 +22,10 @@ import numpy as np
 import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service.batcher import Destination, Job
-from service.codec import DTYPE_NAMES, DTYPES
-from service.errors import InvalidArgument
-from service.metrics import Metrics
-from service.repository import LoadedModel, Repository
-from service.validation import (
+from service.dtypes import BY_WIRE
+from service.engine.batcher import Destination, Job
+from service.engine.repository import LoadedModel, Repository
+from service.engine.validation import (
     Fitted,
     Limits,
     check_compose,
@@ -38,6 +36,8 @@ from service.validation import (
     check_text,
     fit_length,
 )
+from service.errors import InvalidArgument
+from service.metrics import Metrics
 
 __all__ = ["Admission", "Admitter", "Input", "Options"]
 
@@ -94,7 +94,7 @@ class Admission:
     @property
     def itemsize(self) -> int:
         """Bytes per element of the output dtype."""
-        return DTYPES[self.options.dtype].itemsize
+        return BY_WIRE[self.options.dtype].itemsize
 
     def job(self, dest: Destination, start_ns: int, deadline: float | None,
             sequences: Sequence[Fitted] | None = None) -> Job:
@@ -147,7 +147,7 @@ class Admitter:
         if len(inputs) > 1 and total > self.limits.max_tokens_per_request:
             raise InvalidArgument(f"inputs have {total} tokens in all; max_tokens_per_request "
                                   f"is {self.limits.max_tokens_per_request}")
-        check_output_bytes(total, model, admission.itemsize, DTYPE_NAMES[options.dtype],
+        check_output_bytes(total, model, admission.itemsize, BY_WIRE[options.dtype].name,
                            self.limits)
         if options.in_message:
             check_response_size(total, model, admission.itemsize, self.limits)
@@ -199,6 +199,6 @@ class Admitter:
         nbytes = job.tokens * model.tables.dim * admission.itemsize
         self._metrics.tokens.labels(model.name).inc(job.tokens)
         self._metrics.output_bytes.labels(model.name,
-                                          DTYPE_NAMES[admission.options.dtype]).inc(nbytes)
+                                          BY_WIRE[admission.options.dtype].name).inc(nbytes)
         self._metrics.queue_duration.observe(job.queue_ns / 1e9)
 

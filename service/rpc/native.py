@@ -21,21 +21,23 @@ import grpc
 import numpy as np
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service import codec, tracing
-from service.admission import Admission, Admitter, Input, Options
-from service.batcher import Batcher
+from service import tracing
+from service.dtypes import BY_WIRE
+from service.engine.admission import Admission, Admitter, Input, Options
+from service.engine.batcher import Batcher
+from service.engine.repository import LoadedModel, Repository
+from service.engine.shm import SharedMemoryRegistry, ShmDestination
+from service.engine.validation import Limits, check_ids, check_text
 from service.errors import EmbedError, Unauthenticated, Unavailable, status_for
 from service.metrics import Metrics
-from service.repository import LoadedModel, Repository
-from service.shm import SharedMemoryRegistry, ShmDestination
-from service.validation import Limits, check_ids, check_text
+from service.rpc import codec
 
 __all__ = ["SERVICE_NAME", "UNKNOWN_MODEL", "EmbeddingService"]
 
 SERVICE_NAME = "embedding.v1.EmbeddingService"
 UNKNOWN_MODEL = "_unknown"  # metric label for requests naming a model that is not loaded
 STREAM_WINDOW = 64  # requests of one stream in flight at once: pipelining with backpressure
-log = logging.getLogger("service.api")
+log = logging.getLogger("service.rpc.native")
 
 
 class _Status(Exception):
@@ -159,7 +161,7 @@ class EmbeddingService:
             dest = codec.Reply(fields, shape, admission.options.dtype).allocate()
         else:
             rows = self.shm.rows(output.region, output.offset, shape,
-                                 codec.DTYPES[admission.options.dtype], "output")
+                                 BY_WIRE[admission.options.dtype].torch, "output")
             fields.embeddings.shape[:] = shape
             fields.embeddings.dtype = admission.options.dtype
             fields.output.region, fields.output.offset = output.region, output.offset

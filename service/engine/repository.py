@@ -17,14 +17,15 @@ from pathlib import Path
 
 import torch
 
-from service.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
+from service.engine.tables import EmbeddingTables
 from service.errors import NotFound, Unavailable
-from service.tables import EmbeddingTables, sinusoidal_table
-from service.tokenizer import Tokenizer, load_tokenizer
+from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
+from service.format.positions import sinusoidal_table
+from service.format.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["LoadedModel", "Repository", "load_model", "parse_pins"]
 
-log = logging.getLogger("service.repository")
+log = logging.getLogger("service.engine.repository")
 
 
 @dataclass(frozen=True)

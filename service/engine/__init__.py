@@ -1,0 +1,1 @@
+"""The engine: admission, batching and the table lookup, shared by every front."""

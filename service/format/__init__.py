@@ -1,0 +1,1 @@
+"""The on-disk contract shared with training: checkpoints and tokenizers."""
