@@ -3,7 +3,7 @@
 # then the benchmark with the service on the GPU. Results go to $OUT (flat: at most 8 files).
 #
 #   here, once:  bench/gpu_wheels.sh          (grpcio/protobuf wheels for the GPU image -> .whl/)
-#   there:       run(command="bench/gpu.sh", carry=[".whl", "assets"], timeout_s=420)
+#   there:       run(command="bench/gpu.sh", carry=[".whl", "service/format/assets"], timeout_s=420)
 #   dry run:     DEVICE=cpu PYTHON=.venv/bin/python QUICK=1 SKIP_WHEELS=1 bench/gpu.sh
 #
 # Env: DEVICE (cuda), PYTHON (python3 with torch), OUT (bench/results/gpu), QUICK=1 (smoke
@@ -60,7 +60,7 @@ if missing:
     sys.exit("missing: " + "; ".join(missing))
 PYEOF
 [ $? -eq 0 ] || { cat "$OUT/gpu_env.txt"; say "preflight failed"; exit 2; }
-[ -f assets/gpt2.tiktoken ] || say "assets/gpt2.tiktoken missing: carry 'assets' (tests need it)"
+[ -f service/format/assets/gpt2.tiktoken ] || say "service/format/assets/gpt2.tiktoken missing: carry it (tests need it)"
 
 status=0
 # 1. Tests, tables on $DEVICE (tests/conftest.py reads EMBED_TEST_DEVICE).

@@ -55,7 +55,7 @@ def fetch(dest: Path = DEFAULT_DEST) -> Path:
 
 
 def main() -> None:
-    """Entry point: fetch into assets/ (or the path given as the only argument)."""
+    """Entry point: fetch into service/format/assets/ (or the path given as the only argument)."""
     fetch(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_DEST)
 
 

@@ -37,8 +37,12 @@ GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838
 
 
 def default_ranks_path() -> Path:
-    """Where ``scripts/fetch_tokenizer.py`` puts the verified GPT-2 ranks."""
-    return Path(__file__).resolve().parent.parent / "assets" / "gpt2.tiktoken"
+    """Where ``scripts/fetch_tokenizer.py`` puts the verified GPT-2 ranks.
+
+    Package data beside this module (not a path relative to a checkout), so an installed
+    wheel built after the fetch carries it too.
+    """
+    return Path(__file__).resolve().parent / "assets" / "gpt2.tiktoken"
 
 
 @dataclass(frozen=True)
