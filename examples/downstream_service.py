@@ -34,7 +34,7 @@ import contextlib
 import json
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from service.format.checkpoint import (
     read_safetensors,
     verify_checkpoint,
 )
+from service.server import start_local
 from training.model import GPT, ModelConfig
 
 __all__ = ["METHOD", "Prediction", "RestOfGPT", "downstream_server", "main", "predict",
@@ -213,20 +214,6 @@ def train_demo_checkpoint(repository: Path, name: str = "nano", steps: int = 40,
     return version_dir, result.model.eval()
 
 
-@contextlib.contextmanager
-def _embedding_service(repository: Path, default_model: str) -> Iterator[str]:
-    from service.config import ServerConfig
-    from service.server import start_in_thread
-
-    handle = start_in_thread(ServerConfig(
-        model_repository=repository, default_model=default_model, host="127.0.0.1",
-        grpc_port=0, metrics_port=0, poll_seconds=0, device="cpu"))
-    try:
-        yield handle.target
-    finally:
-        handle.stop()
-
-
 async def _ask(rest: RestOfGPT, embedding_target: str, text: str) -> Prediction:
     async with downstream_server(rest, embedding_target) as target, \
             grpc.aio.insecure_channel(target) as channel:
@@ -263,8 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="downstream-") as tmp:
         version_dir, _ = train_demo_checkpoint(Path(tmp) / "models")
         rest = RestOfGPT(version_dir)
-        with _embedding_service(version_dir.parents[1], rest.model) as embedding_target:
-            p = asyncio.run(_ask(rest, embedding_target, args.text))
+        with start_local(version_dir.parents[1], rest.model) as server:
+            p = asyncio.run(_ask(rest, server.target, args.text))
     tokenizer = load_tokenizer(gpt2_spec(), default_ranks_path())
     print(f"{args.text!r} -> ids {p.token_ids} (model {p.model} v{p.version}, checkpoint "
           f"{p.checkpoint_id[:12]})")

@@ -17,10 +17,9 @@ Without ``--target`` the script builds everything itself, offline: a small rando
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,9 @@ from typing import Any
 import torch
 
 from client import EmbeddingClient
+from service.server import start_local
 
-__all__ = ["HFInputs", "build_hf_gpt2", "fetch_inputs", "import_hf_gpt2", "local_server",
+__all__ = ["HFInputs", "build_hf_gpt2", "fetch_inputs", "import_hf_gpt2",
            "logits_both_ways", "main"]
 
 
@@ -63,22 +63,6 @@ def import_hf_gpt2(hf_dir: Path, repository: Path, name: str) -> Path:
     if import_main(["hf-gpt2", str(hf_dir), "--out", str(out)]) != 0:
         raise RuntimeError(f"import of {hf_dir} failed (see stderr)")
     return out
-
-
-@contextlib.contextmanager
-def local_server(repository: Path, default_model: str) -> Iterator[str]:
-    """Serve ``repository`` in this process on a free port; yields the ``host:port``."""
-    from service.config import ServerConfig
-    from service.server import start_in_thread
-
-    config = ServerConfig(model_repository=repository, default_model=default_model,
-                          host="127.0.0.1", grpc_port=0, metrics_port=0, poll_seconds=0,
-                          device="cpu")
-    handle = start_in_thread(config)
-    try:
-        yield handle.target
-    finally:
-        handle.stop()
 
 
 def fetch_inputs(client: EmbeddingClient, text: str, *, model: str = "",
@@ -155,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         hf_dir, repository = Path(tmp) / "hf", Path(tmp) / "models"
         model = build_hf_gpt2(hf_dir, seed=args.seed)
         import_hf_gpt2(hf_dir, repository, args.model)
-        with local_server(repository, args.model) as target, \
-                EmbeddingClient(target, timeout=30) as client:
+        with start_local(repository, args.model) as server, \
+                EmbeddingClient(server.target, timeout=30) as client:
             same = _report(model, client, args.text, args.model, args.start_position)
     return 0 if same else 1
 

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import io
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,9 @@ import torch
 
 from client import EmbeddingClient
 from client.codec import Embedding
+from service.server import start_local
 
-__all__ = ["TORCH_DTYPES", "completions_body", "embeds_prompt", "local_server", "main",
+__all__ = ["TORCH_DTYPES", "completions_body", "embeds_prompt", "main",
            "to_torch"]
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
@@ -81,21 +81,6 @@ def completions_body(prompt: dict[str, Any], model: str, max_tokens: int = 16
     torch.save(prompt["prompt_embeds"], buffer)
     return {"model": model, "prompt_embeds": base64.b64encode(buffer.getvalue()).decode(),
             "max_tokens": max_tokens}
-
-
-@contextlib.contextmanager
-def local_server(repository: Path, default_model: str) -> Iterator[str]:
-    """Serve ``repository`` in this process on a free port; yields the ``host:port``."""
-    from service.config import ServerConfig
-    from service.server import start_in_thread
-
-    handle = start_in_thread(ServerConfig(
-        model_repository=repository, default_model=default_model, host="127.0.0.1",
-        grpc_port=0, metrics_port=0, poll_seconds=0, device="cpu"))
-    try:
-        yield handle.target
-    finally:
-        handle.stop()
 
 
 def _build_gpt2(repository: Path, name: str, seed: int) -> Path:
@@ -145,8 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="vllm-prompt-embeds-") as tmp:
         repository = Path(tmp) / "models"
         _build_gpt2(repository, "gpt2", seed=0)
-        with local_server(repository, "gpt2") as target, \
-                EmbeddingClient(target, timeout=30, raw_bfloat16=True) as client:
+        with start_local(repository, "gpt2") as server, \
+                EmbeddingClient(server.target, timeout=30, raw_bfloat16=True) as client:
             _show(client, args.text, args.model or "gpt2", args.dtype)
     return 0
 

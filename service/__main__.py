@@ -3,36 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
-import sys
-import time
 
-from service.config import ServerConfig, parse_config
+from service.config import parse_config
+from service.logs import setup_logging
+from service.server import serve
+from service.workers import run_workers
 
 __all__ = ["main"]
-
-
-class _JsonFormatter(logging.Formatter):
-    """One JSON object per line, for log shippers."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
-                 "level": record.levelname, "logger": record.name,
-                 "message": record.getMessage()}
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def setup_logging(config: ServerConfig) -> None:
-    """Text for people, JSON for machines; INFO and up to stderr."""
-    handler = logging.StreamHandler(sys.stderr)
-    if config.log_format == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,12 +17,8 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     setup_logging(config)
     if config.workers > 1:
-        from service.workers import run_workers
-
         run_workers(config)
         return
-    from service.server import serve
-
     asyncio.run(serve(config))
 
 

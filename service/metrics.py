@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.metrics_core import (
@@ -144,6 +145,7 @@ class Metrics:
     """Every metric the service exports."""
 
     def __init__(self) -> None:
+        self._http: WSGIServer | None = None  # the /metrics endpoint, once served
         r = self.registry = CollectorRegistry()
         self.requests = LoopCounter(
             "embed_requests", "RPCs finished, by status code.", ["rpc", "model", "code"], r)
@@ -195,7 +197,7 @@ class Metrics:
 
     def close(self) -> None:
         """Stop the HTTP endpoint."""
-        http = getattr(self, "_http", None)
-        if http is not None:
-            http.shutdown()
-            http.server_close()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

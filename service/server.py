@@ -26,14 +26,16 @@ from service import tracing
 from service.config import ServerConfig
 from service.dtypes import BY_NAME
 from service.engine.batcher import Batcher
+from service.engine.engine import Engine
 from service.engine.repository import LoadedModel, Repository, parse_pins
 from service.engine.tables import resolve_device
 from service.engine.validation import Limits
 from service.metrics import Metrics
-from service.rpc.native import SERVICE_NAME, EmbeddingService
-from service.rpc.oip import OIP_SERVICE_NAME, InferenceService
+from service.rpc.frame import Frame
+from service.rpc.native import SERVICE_NAME, NativeFront
+from service.rpc.oip import OIP_SERVICE_NAME, OipFront
 
-__all__ = ["EmbeddingServer", "ServerHandle", "serve", "start_in_thread"]
+__all__ = ["EmbeddingServer", "ServerHandle", "serve", "start_in_thread", "start_local"]
 
 log = logging.getLogger("service.server")
 
@@ -55,12 +57,13 @@ class EmbeddingServer:
         self.metrics.queue_tokens.set_function(lambda: self.batcher.queued_tokens)
         threads = config.tokenize_threads or (os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="embed-tokenize")
-        self.service = EmbeddingService(
+        self.engine = Engine(
             self.repo, self.batcher, self.metrics,
             Limits(config.max_tokens_per_request, config.max_text_bytes,
-                   config.max_message_bytes, config.max_output_bytes), self._pool,
-            config.auth_token)
-        self.oip = InferenceService(self.service)  # the same admission, batcher and regions
+                   config.max_message_bytes, config.max_output_bytes), self._pool)
+        # One frame and one engine for every front: the same auth, limits, batches, regions.
+        self.frame = Frame(self.engine, config.auth_token)
+        self.fronts = (NativeFront(self.engine, self.frame), OipFront(self.engine, self.frame))
         self.health = health.aio.HealthServicer()
         self.tracing = tracing.setup(config)  # tracing: None (nothing at all) when off
         self.grpc_port = 0
@@ -88,17 +91,18 @@ class EmbeddingServer:
         for name in ("", SERVICE_NAME, OIP_SERVICE_NAME):
             await self.health.set(name, status)
 
-    async def _refresh(self) -> None:
+    async def refresh(self) -> None:
+        """Rescan the repository, load what is new, and turn SERVING once a model is."""
         loaded = await asyncio.get_running_loop().run_in_executor(None, self.repo.refresh)
         self._publish(loaded)
-        if self.repo.models and not self.service.draining:
+        if self.engine.ready:
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.config.poll_seconds)
             try:
-                await self._refresh()
+                await self.refresh()
             except Exception:  # a scan error must not stop future scans
                 log.exception("repository scan failed")
 
@@ -119,7 +123,7 @@ class EmbeddingServer:
                    ("grpc.so_reuseport", 1 if c.workers > 1 else 0)]
         server = self._server = grpc.aio.server(
             options=options, interceptors=tracing.interceptors(self.tracing))  # tracing
-        server.add_generic_rpc_handlers((self.service.handlers(), self.oip.handlers()))
+        server.add_generic_rpc_handlers(tuple(front.handlers() for front in self.fronts))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, OIP_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
@@ -133,7 +137,7 @@ class EmbeddingServer:
         await server.start()
         if c.metrics_port >= 0:
             self.metrics_port = self.metrics.serve(c.host, c.metrics_port)
-        await self._refresh()
+        await self.refresh()
         if c.poll_seconds > 0:
             self._poller = asyncio.get_running_loop().create_task(self._poll())
         models = ", ".join(f"{m.name}/{m.version} ({m.checkpoint_id[:12]})"
@@ -144,9 +148,9 @@ class EmbeddingServer:
 
     async def drain(self, grace: float | None = None) -> None:
         """NOT_SERVING, refuse new work, let in-flight RPCs finish, then stop."""
-        if self._server is None or self.service.draining:
+        if self._server is None or self.engine.draining:
             return
-        self.service.draining = True
+        self.engine.draining = True
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         grace = self.config.shutdown_grace_seconds if grace is None else grace
         log.info("draining: waiting up to %.1fs for in-flight requests", grace)
@@ -173,7 +177,8 @@ async def serve(config: ServerConfig) -> None:
 
 @dataclass
 class ServerHandle:
-    """A server running on its own event-loop thread (tests, benchmarks)."""
+    """A server running on its own event-loop thread (tests, benchmarks, examples); a
+    context manager that drains and stops it on exit."""
 
     server: EmbeddingServer
     loop: asyncio.AbstractEventLoop
@@ -196,7 +201,13 @@ class ServerHandle:
 
     def refresh(self) -> None:
         """Rescan the repository now (instead of waiting for the poll)."""
-        asyncio.run_coroutine_threadsafe(self.server._refresh(), self.loop).result(60)
+        asyncio.run_coroutine_threadsafe(self.server.refresh(), self.loop).result(60)
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self, grace: float = 1.0) -> None:
         """Drain and stop; joins the thread."""
@@ -225,3 +236,11 @@ def start_in_thread(config: ServerConfig) -> ServerHandle:
         loop.call_soon_threadsafe(loop.stop)
         raise
     return ServerHandle(server, loop, thread)
+
+
+def start_local(model_repository: Path, default_model: str = "") -> ServerHandle:
+    """An in-process server on loopback and free ports, on CPU, without hot reload (examples,
+    notebooks); use it as a context manager."""
+    return start_in_thread(ServerConfig(
+        model_repository=model_repository, default_model=default_model, host="127.0.0.1",
+        grpc_port=0, metrics_port=0, poll_seconds=0, device="cpu"))

@@ -32,6 +32,8 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from service.config import ServerConfig
+from service.logs import setup_logging
+from service.server import serve
 
 __all__ = ["RestartBudget", "RestartPolicy", "describe_exit", "run_workers"]
 
@@ -84,9 +86,6 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 def _worker(config: ServerConfig, index: int) -> None:
-    from service.__main__ import setup_logging
-    from service.server import serve
-
     setup_logging(config)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     asyncio.run(serve(config))

@@ -133,7 +133,7 @@ class Batcher:
                 and job.tokens <= INLINE_TOKENS):
             # Idle and nothing to wait for: this job is the whole batch. Computing it here
             # skips two hops through the event loop (wake the batcher, wake us back).
-            (result,) = self._record([job], *self._compute_batch([job]))
+            (result,) = self._observe([job], *self._compute_batch([job]))
             if isinstance(result, BaseException):
                 raise result
             return result
@@ -187,7 +187,7 @@ class Batcher:
                                                           self._compute_batch, batch)
                     finally:
                         self._busy = False
-                results = self._record(batch, *done)
+                results = self._observe(batch, *done)
             except Exception as e:  # a bug, not bad input: fail this batch, keep serving
                 for job in batch:
                     if not job.future.done():
@@ -201,8 +201,9 @@ class Batcher:
                 else:
                     job.future.set_result(result)
 
-    def _record(self, batch: list[Job], results: list[Any], seconds: float) -> list[Any]:
-        # Metrics are recorded here, on the event loop, never on the compute thread.
+    def _observe(self, batch: list[Job], results: list[Any], seconds: float) -> list[Any]:
+        """Report the batch to the metrics hook (on the event loop, never the compute
+        thread) and pass its results through."""
         if self._on_batch is not None:
             self._on_batch(batch[0].batch_tokens, len(batch), seconds,
                            batch[0].tables.device.type)

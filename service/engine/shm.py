@@ -129,10 +129,6 @@ class SharedMemoryRegistry:
         flat = torch.frombuffer(region.mapping, dtype=torch.uint8, count=nbytes, offset=start)
         return flat.view(dtype).view(shape)
 
-    def path(self, key: str) -> Path:
-        """The file behind a key, or INVALID_ARGUMENT for a key outside ``/dev/shm``."""
-        return self._path(key)
-
     def _path(self, key: str) -> Path:
         name = key[1:] if key.startswith("/") else key
         if not name or "/" in name or name in (".", ".."):

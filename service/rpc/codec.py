@@ -39,7 +39,7 @@ from service.dtypes import BY_WIRE
 from service.engine.batcher import Timing
 from service.errors import InvalidArgument
 
-__all__ = ["TIMING_BYTES", "Reply", "ResponseWriter", "RowSlice",
+__all__ = ["TIMING_BYTES", "Reply", "ResponseWriter",
            "Undecodable", "bytes_field_prefix", "identity", "padded_varint", "request_parser"]
 
 if sys.byteorder != "little":  # torch writes native order; the wire is little-endian
@@ -141,21 +141,6 @@ class ResponseWriter:
         data = self.data
         del self.rows  # the view must not outlive the writer's ownership of the bytes
         return data
-
-
-class RowSlice:
-    """Rows ``start .. start+T-1`` of a larger output, as a destination of their own (one
-    sequence of a padded [B, T, C] tensor); ``finish`` returns the timing."""
-
-    __slots__ = ("rows",)
-
-    def __init__(self, rows: torch.Tensor) -> None:
-        self.rows = rows  # (T, C) view
-
-    def finish(self, timing: Timing) -> Timing:
-        """Nothing to complete: the owner of the larger output finishes it."""
-        del self.rows
-        return timing
 
 
 class Reply:

@@ -7,6 +7,7 @@ import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.engine.batcher import Timing
+from service.dtypes import BY_WIRE
 from service.rpc import codec
 
 
@@ -22,7 +23,7 @@ def test_reply_equals_generic_serialisation(dtype: int, T: int) -> None:
     rows = torch.randn(T, 7, generator=torch.Generator().manual_seed(T))  # fp32 sum
     fields = pb.EmbedResponse(token_ids=list(range(T)), model="m", version=3, request_id="r")
     timing = (5, 0, 2**40 + 3, 2**64 - 1)  # every size of varint, up to the largest
-    wire = rows.to(codec.DTYPES[dtype])  # what the client must see: the cast of the sum
+    wire = rows.to(BY_WIRE[dtype].torch)  # what the client must see: the cast of the sum
     data = wire.view(torch.int16 if wire.dtype != torch.float32 else torch.float32)
     generic = pb.EmbedResponse()
     generic.CopyFrom(fields)

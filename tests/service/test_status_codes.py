@@ -185,7 +185,7 @@ def test_internal_error_hides_details_and_logs_request_id(
     tokenizer = server.server.repo.get("tiny", 0).tokenizer
     boom: Callable[..., list[int]] = lambda *a: (_ for _ in ()).throw(RuntimeError("secret"))  # noqa: E731
     monkeypatch.setattr(tokenizer, "encode", boom)
-    with (caplog.at_level(logging.ERROR, logger="service.rpc.native"),
+    with (caplog.at_level(logging.ERROR, logger="service.frame"),
           pytest.raises(grpc.RpcError) as info):
         stub.Embed(pb.EmbedRequest(text="x", request_id="r-42"))
     assert info.value.code() == Code.INTERNAL

@@ -127,7 +127,7 @@ def test_sigkilled_worker_is_replaced_and_serves(tiny_repo: Path) -> None:
 def test_crash_loop_stops_the_server(tiny_repo: Path, tmp_path: Path) -> None:
     # A TLS key that does not exist: every worker start fails (exit 1) after importing.
     policy = "RestartPolicy(max_restarts=1, window_s=60)"
-    code = ("import sys; from service.__main__ import setup_logging; "
+    code = ("import sys; from service.logs import setup_logging; "
             "from service.config import parse_config; "
             "from service.workers import RestartPolicy, run_workers; "
             "c = parse_config(sys.argv[1:]); setup_logging(c); "

@@ -1,0 +1,196 @@
+"""The per-RPC frame: auth, draining, deadline, metrics and the error→status map.
+
+Applied where handlers are registered, to every method of every front, never opted into
+per handler: ``Frame.grpc_service`` builds a service's handler table from its descriptor
+(so an RPC's name is written once, as the servicer's method), and ``Frame.run`` is the
+transport-neutral core any other front (HTTP) wraps its bodies in.
+
+Open without credentials: only ``grpc.health.v1.Health`` and server reflection, which are
+registered outside the frame (``OPEN_SERVICES``); every other RPC needs the token when one
+is set.
+
+Servicer methods take ``(request, call)`` and return a message or pre-encoded bytes
+(``codec``): bytes pass through, messages are serialised. Stream methods take
+``(requests, call)`` and run each item with ``Frame.run`` themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message_factory import GetMessageClass
+
+from service.engine.engine import Engine
+from service.errors import EmbedError, Unauthenticated, Unavailable, status_for
+from service.rpc import codec
+
+__all__ = ["OPEN_SERVICES", "UNKNOWN_MODEL", "Call", "Frame", "Refused"]
+
+OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
+UNKNOWN_MODEL = "_unknown"  # metric label for requests naming a model that is not loaded
+log = logging.getLogger("service.frame")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One RPC as the frame sees it, whatever the transport."""
+
+    rpc: str  # method name, the `rpc` metric label
+    model: str = ""  # the model the request names ("" = default), for the metric label
+    request_id: str = ""  # echoed in logs and INTERNAL messages
+    authorization: str = ""  # the `authorization` header/metadata value
+    deadline: float | None = None  # time.monotonic() seconds; None = no deadline
+    start_ns: int = 0  # time.perf_counter_ns() when it arrived
+
+
+class Refused(Exception):
+    """An RPC answered with a non-OK status: the transport turns it into its own form."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class Frame:
+    """What every RPC of every front passes through, on one engine."""
+
+    def __init__(self, engine: Engine, auth_token: str = "") -> None:
+        self.engine = engine
+        self._auth = f"Bearer {auth_token}".encode() if auth_token else b""
+
+    def admit(self, call: Call) -> None:
+        """Credentials, then draining: the checks before any work."""
+        if self._auth and not hmac.compare_digest(call.authorization.encode(), self._auth):
+            raise Unauthenticated("missing or invalid 'authorization: Bearer <token>'")
+        if self.engine.draining:
+            raise Unavailable("server is draining for shutdown; retry on another replica")
+
+    async def run(self, call: Call, body: Callable[[], Awaitable[T]]) -> T:
+        """Run ``body`` under the frame; a failure becomes ``Refused`` with its status."""
+        metrics = self.engine.metrics
+        t0 = time.perf_counter()
+        metrics.inflight += 1
+        code = grpc.StatusCode.INTERNAL  # a BaseException other than cancellation
+        try:
+            self.admit(call)
+            result = await body()
+            code = grpc.StatusCode.OK
+            return result
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED  # the client went away; nothing to answer
+            raise
+        except Exception as e:
+            code, message = status_for(e, call.request_id)
+            if not isinstance(e, EmbedError):
+                log.exception("internal error in %s request_id=%s", call.rpc, call.request_id)
+            raise Refused(code, message) from e
+        finally:
+            # Counted before the status leaves: a client that scrapes right after its
+            # error must see it in the metrics.
+            metrics.inflight -= 1
+            label = self._model_label(call.model)
+            metrics.requests.labels(call.rpc, label, code.name).inc()
+            metrics.request_duration.labels(call.rpc, label).observe(time.perf_counter() - t0)
+
+    def _model_label(self, model: str) -> str:
+        # A model name from the request becomes a label only if it is loaded: clients
+        # must not be able to mint unbounded metric series.
+        repo = self.engine.repo
+        label = model or repo.default_model
+        return label if label in repo.models else UNKNOWN_MODEL
+
+    # -- gRPC registration ----------------------------------------------------------------
+
+    def grpc_service(self, descriptor: ServiceDescriptor, servicer: object,
+                     labels: Callable[[str, Any], tuple[str, str]]) -> grpc.GenericRpcHandler:
+        """Every method of ``descriptor``, served by the servicer's method of that name,
+        inside the frame. ``labels(rpc, request)`` gives (model, request_id)."""
+        handlers = {}
+        for method in descriptor.methods:
+            fn = getattr(servicer, method.name)
+            parse = codec.request_parser(GetMessageClass(method.input_type))
+            if method.client_streaming and method.server_streaming:
+                handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                    self._grpc_stream(method.name, fn), parse, _serialize)
+            elif not method.client_streaming and not method.server_streaming:
+                handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                    self._grpc_unary(method.name, fn, labels), parse, _serialize)
+            else:  # the contract has none; refuse to serve what the frame cannot wrap
+                raise TypeError(f"{descriptor.full_name}.{method.name}: unsupported shape")
+        return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+
+    def _grpc_unary(self, rpc: str, fn: Callable[[Any, Call], Awaitable[Any]],
+                    labels: Callable[[str, Any], tuple[str, str]]) -> Any:
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start_ns = time.perf_counter_ns()
+            if isinstance(request, codec.Undecodable):
+                call = grpc_call(rpc, context, start_ns)
+                body: Callable[[], Awaitable[Any]] = request.fail
+            else:
+                model, request_id = labels(rpc, request)
+                call = grpc_call(rpc, context, start_ns, model, request_id)
+                body = lambda: fn(request, call)  # noqa: E731
+            try:
+                return await self.run(call, body)
+            except Refused as r:
+                await context.abort(r.code, r.message)
+
+        return handler
+
+    def _grpc_stream(self, rpc: str,
+                     fn: Callable[[AsyncIterator[Any], Call], AsyncIterator[Any]]) -> Any:
+        async def handler(requests: AsyncIterator[Any],
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            call = grpc_call(rpc, context, time.perf_counter_ns())
+            try:
+                try:
+                    self.admit(call)  # the stream's own credentials; each item is framed too
+                except EmbedError as e:
+                    await self.run(call, _raise(e))  # counted like any refusal
+                async for response in fn(requests, call):
+                    yield response
+            except Refused as r:
+                await context.abort(r.code, r.message)
+
+        return handler
+
+    async def item(self, call: Call, model: str, request_id: str,
+                   body: Callable[[], Awaitable[T]]) -> T:
+        """One item of a stream, framed like a unary call of its own."""
+        return await self.run(replace(call, model=model, request_id=request_id,
+                                      start_ns=time.perf_counter_ns()), body)
+
+
+def grpc_call(rpc: str, context: grpc.aio.ServicerContext, start_ns: int, model: str = "",
+              request_id: str = "") -> Call:
+    """The ``Call`` of a gRPC request: its metadata and deadline."""
+    auth = ""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            auth = value if isinstance(value, str) else ""
+    remaining = context.time_remaining()
+    deadline = None if remaining is None else time.monotonic() + remaining
+    return Call(rpc, model, request_id, auth, deadline, start_ns)
+
+
+def _serialize(response: Any) -> bytes:
+    """Pre-encoded bytes pass through (``codec``); messages are serialised."""
+    if isinstance(response, bytes):
+        return response
+    data: bytes = response.SerializeToString()
+    return data
+
+
+def _raise(e: BaseException) -> Callable[[], Awaitable[Any]]:
+    async def body() -> Any:
+        raise e
+    return body
