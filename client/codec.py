@@ -37,8 +37,9 @@ __all__ = [
 
 COMPOSE = {"token+position": pb.COMPOSE_TOKEN_PLUS_POSITION, "token": pb.COMPOSE_TOKEN_ONLY,
            "position": pb.COMPOSE_POSITION_ONLY}
-DTYPES = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16,
-          "bfloat16": pb.DTYPE_BFLOAT16}
+# Mirrored from the generated enum (DTYPE_FLOAT32 → "float32"), never written by hand: the
+# server's table (service/dtypes.py) uses the same names.
+DTYPES = {name.removeprefix("DTYPE_").lower(): value for name, value in pb.DType.items()}
 TRUNCATE = {"none": pb.TRUNCATE_NONE, "right": pb.TRUNCATE_RIGHT, "left": pb.TRUNCATE_LEFT}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _WIRE: dict[int, np.dtype[Any]] = {pb.DTYPE_FLOAT32: np.dtype("<f4"),
