@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service.engine.batcher import Timing
 from service.dtypes import BY_WIRE
+from service.engine.batcher import Timing
 from service.rpc import codec
 
 
