@@ -14,7 +14,7 @@ from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
-from tests.oip.conftest import Triton
+from tests.service.rpc.oip.conftest import Triton
 from tests.tiny_model import DIM, start
 
 DATATYPES = {"FP32": (pb.DTYPE_FLOAT32, "float32"), "FP16": (pb.DTYPE_FLOAT16, "float16"),
