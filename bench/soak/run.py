@@ -2,10 +2,10 @@
 
     python -m bench.soak --clients 4 --minutes 3 --workers 2 --seed 0
 
-Loopback only, bounded in time. The clients (bench/soak_traffic.py) send random valid and
+Loopback only, bounded in time. The clients (bench/soak/traffic.py) send random valid and
 invalid Embed, EmbedBatch and EmbedStream requests back to back, with client.retry's
 policy on their channels; every valid answer is checked bit for bit against the tables of
-the version it names (bench/soak_oracle.py). Meanwhile, at fixed fractions of the run:
+the version it names (bench/soak/oracle.py). Meanwhile, at fixed fractions of the run:
 new versions are published (``--versions``), a version with a corrupted file is dropped
 in (``--bad``), and one worker is SIGKILLed (``--kill-at``) for the parent to restart.
 The server polls the repository every ``--poll-seconds``.
@@ -35,11 +35,11 @@ from typing import Any
 import grpc
 
 from bench.servers import free_port, wait_serving
-from bench.soak_oracle import Oracle
-from bench.soak_report import format_summary, latency_windows, percentile, plot_soak
-from bench.soak_requests import RequestMaker
-from bench.soak_server import ROOT, VOCAB_SIZE, Publisher, launch, tree_rss_mb, worker_pids
-from bench.soak_traffic import AttemptCounter, SoakClient, Tally
+from bench.soak.oracle import Oracle
+from bench.soak.report import format_summary, latency_windows, percentile, plot_soak
+from bench.soak.requests import RequestMaker
+from bench.soak.server import ROOT, VOCAB_SIZE, Publisher, launch, tree_rss_mb, worker_pids
+from bench.soak.traffic import AttemptCounter, SoakClient, Tally
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
@@ -288,7 +288,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(format_summary(report))
     print(f"wrote {args.out / 'soak.json'} and {args.out / 'soak.png'}")
     raise SystemExit(0 if report["passed"] else 1)
-
-
-if __name__ == "__main__":
-    main()
