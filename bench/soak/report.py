@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from training.plot import pyplot
+
 __all__ = ["format_summary", "latency_windows", "percentile", "plot_soak"]
 
 
@@ -32,11 +34,7 @@ def latency_windows(latencies: Sequence[tuple[float, float, str]], seconds: floa
 def plot_soak(report: Mapping[str, Any], path: Path) -> Path:
     """Two panels sharing the time axis: p50/p99 latency, and the server's RSS; events as
     vertical lines (versions published, the bad version, the SIGKILL, the restart)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()  # PlotsUnavailable without matplotlib (the bench extra)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     w = [x for x in report["latency_windows"] if x["answers"]]
     ax1.plot([x["t"] for x in w], [x["p50_ms"] for x in w], label="p50", color="#1f77b4")
