@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.config import DTYPE_BYTES, SERVICE_ONLY_MODES, BenchConfig, Cell
-from bench.loadgen import Measurement
+from bench.window import Measurement
 
 __all__ = ["Target", "build_report", "format_report", "summarize"]
 

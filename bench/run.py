@@ -20,11 +20,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench.config import BenchConfig, Cell, parse_args
-from bench.loadgen import DTYPE_ENUM, Measurement, measure
+from bench.loadgen import DTYPE_ENUM, measure
 from bench.model import MODEL_NAME, VOCAB_SIZE, ensure_model
 from bench.plot import plot_report
 from bench.report import build_report, format_report
 from bench.servers import start_servers, stop_servers
+from bench.window import Measurement
 from genproto.embedding.v1 import embedding_pb2 as pb
 from training.plot import PlotsUnavailable
 
