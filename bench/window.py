@@ -1,14 +1,24 @@
 """The measurement window every load generator counts in: replies completed between two
-instants, each with its latency (the warm-up before the window does not count)."""
+instants, each with its latency (the warm-up before the window does not count), and the
+one percentile the benchmarks report latencies with."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Measurement", "Window"]
+__all__ = ["Measurement", "Window", "percentile"]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of unsorted ``values`` (nan when empty)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.window import percentile
 from training.plot import pyplot
 
-__all__ = ["format_summary", "latency_windows", "percentile", "plot_soak"]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of unsorted ``values`` (nan when empty)."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+__all__ = ["format_summary", "latency_windows", "plot_soak"]
 
 
 def latency_windows(latencies: Sequence[tuple[float, float, str]], seconds: float,

@@ -37,10 +37,11 @@ import grpc
 
 from bench.servers import free_port, wait_serving
 from bench.soak.oracle import Oracle
-from bench.soak.report import format_summary, latency_windows, percentile, plot_soak
+from bench.soak.report import format_summary, latency_windows, plot_soak
 from bench.soak.requests import RequestMaker
 from bench.soak.server import ROOT, VOCAB_SIZE, Publisher, launch, tree_rss_mb, worker_pids
 from bench.soak.traffic import AttemptCounter, SoakClient, Tally
+from bench.window import percentile
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
