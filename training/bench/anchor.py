@@ -7,7 +7,7 @@ The config is nanoGPT's small run on the default corpus: 4 layers, 4 heads, C=12
 block 128, batch 16, no gradient accumulation, 600 steps, lr 1e-3 cosine to 1e-4 after
 50 warmup steps, beta2 0.99, weight decay 0.1, tied head; val loss every 100 steps on the
 whole val split. ``anchor`` first trains it exactly as ``python -m training`` does
-(training.train.train, tqdm progress) and reports whole-run tokens/s (wall time from model
+(training.train.train, with its progress) and reports whole-run tokens/s (wall time from model
 build to the last evaluation, evaluations included), peak RSS (VmHWM), MFU and the val
 loss at the last step beside nanoGPT's figures measured on the same machine kind; then it
 times one step in four phases (forward, head+loss, backward, optimizer) for the
