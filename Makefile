@@ -3,7 +3,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SHELL := /bin/bash
 
-.PHONY: setup setup-runtime run model test fuzz check proto proto-check bench bench-smoke clean
+.PHONY: setup setup-runtime run model test fuzz check proto proto-check bench bench-smoke \
+        bench-train soak clean
 
 setup:           ## dev environment: runtime + tests, lint, proto tools (idempotent)
 	@scripts/setup.sh dev
@@ -41,6 +42,15 @@ bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/resu
 	@$(PY) -m bench.scaling
 	@$(PY) -m bench.footprint
 	@$(PY) -m bench.overload
+
+bench-smoke: setup  ## every serving-bench path once at tiny sizes (seconds; bench/results/quick/)
+	@$(PY) -m bench --quick --out bench/results/quick
+
+bench-train: setup  ## training throughput and MFU of the default run (bench/results/train_bench.json)
+	@$(PY) -m training.bench
+
+soak: setup      ## 4 clients, 3 minutes against 2 workers, with reloads and a kill (bench/results/soak.*)
+	@$(PY) -m bench.soak
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

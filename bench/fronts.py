@@ -16,7 +16,7 @@ import time
 import grpc
 import numpy as np
 
-from bench.loadgen import Window
+from bench.window import Window
 from client.shm import SharedMemoryRegion, rows_from_region
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip

@@ -20,12 +20,14 @@ import grpc
 import numpy as np
 
 from bench.backend_host import MAX_MESSAGE_BYTES
+from bench.fronts import run_oip, run_shm
 from bench.naive_proto import EMBED_METHOD as NAIVE_EMBED
 from bench.naive_proto import STREAM_METHOD as NAIVE_STREAM
 from bench.naive_proto import NaiveResponse
+from bench.window import Measurement, Window
 from genproto.embedding.v1 import embedding_pb2 as pb
 
-__all__ = ["DTYPE_ENUM", "Measurement", "Protocol", "Window", "measure", "protocol_for"]
+__all__ = ["DTYPE_ENUM", "Protocol", "measure", "protocol_for"]
 
 DTYPE_ENUM = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16,
               "bfloat16": pb.DTYPE_BFLOAT16}
@@ -33,15 +35,6 @@ DTYPE_ENUM = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16,
 _ITEMSIZE = {pb.DTYPE_FLOAT32: 4, pb.DTYPE_FLOAT16: 2, pb.DTYPE_BFLOAT16: 2}
 _NP_DTYPE = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_FLOAT16: np.float16,
              pb.DTYPE_BFLOAT16: np.uint16}
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """Replies completed in a window of ``seconds``, with each one's latency."""
-
-    requests: int
-    seconds: float
-    latencies_ns: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -71,25 +64,6 @@ def protocol_for(backend: str) -> Protocol:
     return Protocol("/embedding.v1.EmbeddingService/Embed",
                     "/embedding.v1.EmbeddingService/EmbedStream",
                     pb.EmbedResponse.FromString, _decode_tensor)
-
-
-class Window:
-    """Counts completions between ``start`` and ``end`` (perf_counter_ns)."""
-
-    def __init__(self, start: int, end: int, shape: tuple[int, int]) -> None:
-        self.start, self.end, self.shape = start, end, shape
-        self.latencies: list[int] = []
-
-    def done(self, sent: int, array: np.ndarray) -> None:
-        now = time.perf_counter_ns()
-        if array.shape != self.shape:
-            raise AssertionError(f"reply shape {array.shape}, expected {self.shape}")
-        if self.start <= now < self.end:
-            self.latencies.append(now - sent)
-
-    def result(self) -> Measurement:
-        return Measurement(len(self.latencies), (self.end - self.start) / 1e9,
-                           tuple(self.latencies))
 
 
 async def _unary(channel: grpc.aio.Channel, proto: Protocol, requests: list[pb.EmbedRequest],
@@ -149,8 +123,6 @@ async def measure(target: str, backend: str, mode: str, requests: list[pb.EmbedR
         await asyncio.wait_for(channel.channel_ready(), timeout=30)
         start = time.perf_counter_ns() + int(warmup_s * 1e9)
         window = Window(start, start + int(duration_s * 1e9), shape)
-        from bench.fronts import run_oip, run_shm  # it builds on Window, defined here
-
         if mode == "oip":
             await run_oip(channel, requests, concurrency, window)
         elif mode == "shm":

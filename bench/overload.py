@@ -37,7 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.model import VOCAB_SIZE, ensure_model
 from bench.servers import GLIBC_TUNABLES, ServerProcess, free_port, stop_servers, wait_serving
-from bench.soak_report import percentile
+from bench.window import percentile
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 

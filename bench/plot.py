@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from training.plot import pyplot
+
 __all__ = ["plot_report"]
 
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -14,11 +16,7 @@ _COLORS = {"ceiling": "#999999", "naive": "#d62728", "service": "#1f77b4"}
 
 def plot_report(report: Mapping[str, Any], path: Path) -> Path:
     """Grouped bars of median req/s (log scale), one panel per RPC mode; returns ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on CI or servers
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()  # PlotsUnavailable without matplotlib (the bench extra)
     modes = sorted({c["mode"] for c in report["cells"]}, key=lambda m: m != "unary")
     fig, axes = plt.subplots(len(modes), 1, figsize=(12, 4 * len(modes)), squeeze=False)
     for ax, mode in zip(axes[:, 0], modes):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.config import DTYPE_BYTES, SERVICE_ONLY_MODES, BenchConfig, Cell
-from bench.loadgen import Measurement
+from bench.window import Measurement, percentile
 
 __all__ = ["Target", "build_report", "format_report", "summarize"]
 
@@ -35,13 +35,6 @@ class Target:
         return self.value >= self.bound if self.op == ">=" else self.value <= self.bound
 
 
-def _percentile(sorted_ns: Sequence[int], q: float) -> float:
-    if not sorted_ns:
-        return float("nan")
-    k = min(len(sorted_ns) - 1, max(0, round(q * (len(sorted_ns) - 1))))
-    return sorted_ns[k] / 1e6
-
-
 def payload_bytes(cell: Cell, dim: int) -> int:
     """Tensor bytes in one reply (the naive reply is always 4-byte floats)."""
     per = 4 if cell.backend == "naive" else DTYPE_BYTES[cell.dtype]
@@ -51,10 +44,10 @@ def payload_bytes(cell: Cell, dim: int) -> int:
 def summarize(m: Measurement, cell: Cell, dim: int) -> dict[str, float]:
     """req/s, tokens/s, MB/s of tensor payload, p50 and p99 latency (ms) of one measurement."""
     req_s = m.requests / m.seconds
-    lat = sorted(m.latencies_ns)
+    lat = m.latencies_ns
     return {"req_s": req_s, "tokens_s": req_s * cell.T,
             "mb_s": req_s * payload_bytes(cell, dim) / 1e6,
-            "p50_ms": _percentile(lat, 0.50), "p99_ms": _percentile(lat, 0.99),
+            "p50_ms": percentile(lat, 0.50) / 1e6, "p99_ms": percentile(lat, 0.99) / 1e6,
             "requests": float(m.requests)}
 
 

@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
-# Create or refresh .venv with everything the service, the training job and the tests need.
+# Create or refresh .venv. Profiles:
+#   runtime  requirements.txt: the server and the training job (`make run`, the images);
+#            no progress bars or plots (training prints plain-text progress and skips plots)
+#   dev      requirements-dev.txt: runtime + requirements-train.txt (tqdm, matplotlib) +
+#            tests, lint, type checks, proto tools, the Triton client
 # Idempotent: a stamp of the requirement files' hash skips pip when nothing changed.
 # Usage: scripts/setup.sh [runtime|dev]   (default: dev)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile="${1:-dev}"
-req="requirements.txt"
-[ "$profile" = "dev" ] && req="requirements-dev.txt"
+case "$profile" in
+  runtime) req="requirements.txt" ;;
+  dev) req="requirements-dev.txt" ;;
+  *) echo "setup: unknown profile '$profile' (runtime|dev)" >&2; exit 2 ;;
+esac
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($PY --version)"
   "$PY" -m venv .venv
 fi
 stamp=".venv/.stamp-$profile"
-want="$(cat requirements.txt "$req" scripts/setup.sh | sha256sum | cut -c1-16)"
+# Every requirement file: dev's reaches requirements.txt through requirements-train.txt.
+want="$(cat requirements*.txt scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing $req into .venv (torch pinned to the CPU build)"
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-  # torch is pinned inside the requirement file, in the same pip command, so pip never
-  # resolves an unpinned torch to the multi-GB CUDA build.
+  # torch is pinned inside requirements.txt, which every profile's file includes (-r), so it
+  # is in the same pip command and pip never resolves an unpinned torch to the CUDA build.
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$req"
   if [ "$profile" = "dev" ]; then
     # The real Triton client, for the OIP interop tests. --no-deps: its [grpc] extra pins

@@ -30,7 +30,7 @@ def tiny_tables(seed: int = 0, dim: int = DIM, max_seq_len: int = MAX_SEQ_LEN,
 
 def start(repo: Path, **overrides: object) -> ServerHandle:
     """A real server on free ports over ``repo``."""
-    # EMBED_TEST_DEVICE=cuda runs the same tests on a GPU (bench/gpu.sh on a lent machine).
+    # EMBED_TEST_DEVICE=cuda runs the same tests on a GPU (scripts/gpu.sh on a lent machine).
     device = os.environ.get("EMBED_TEST_DEVICE", "cpu")
     settings: dict[str, object] = {"grpc_port": 0, "metrics_port": 0, "poll_seconds": 0,
                                    "default_model": "tiny", "device": device, **overrides}

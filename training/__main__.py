@@ -12,7 +12,7 @@ from training.config import TrainConfig, parse_config
 from training.data import load_tokens
 from training.export import export_model
 from training.malloc import reexec_with_tunables
-from training.plot import plot_losses
+from training.plot import PlotsUnavailable, plot_losses
 from training.train import TrainResult, train
 
 __all__ = ["main", "run"]
@@ -29,8 +29,11 @@ def run(cfg: TrainConfig) -> tuple[TrainResult, Path | None]:
         result = train(cfg, tokenizer, data, topo)
         version_dir = None
         if topo.is_main:
-            png = plot_losses(result.history, result.unigram_val_loss,
-                              Path(cfg.runs_dir) / cfg.name / "loss.png")
+            try:
+                curve = str(plot_losses(result.history, result.unigram_val_loss,
+                                        Path(cfg.runs_dir) / cfg.name / "loss.png"))
+            except PlotsUnavailable as e:  # the runtime environment (make run): no plots
+                curve = f"none ({e})"
             finished = result.step >= cfg.max_steps
             if cfg.export and finished:
                 version_dir, _ = export_model(result, cfg, spec, ranks, tokenizer.n_vocab)
@@ -39,7 +42,7 @@ def run(cfg: TrainConfig) -> tuple[TrainResult, Path | None]:
                   f"{result.unigram_val_loss:.4f}, {result.tokens} tokens, "
                   f"{result.seconds:.1f} s")
             print(f"trainer state: {result.state_file}")
-            print(f"loss curve: {png}")
+            print(f"loss curve: {curve}")
             if version_dir is not None:
                 print(f"exported: {version_dir}")
             elif not finished:

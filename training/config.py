@@ -69,7 +69,7 @@ class TrainConfig:
     name: str = "default"  # model name: writes <out_repository>/<name>/<N+1>/
     runs_dir: str = "runs"  # trainer state, loss history and plot: <runs_dir>/<name>/
     export: bool = True  # write a model version at the end
-    progress: bool = True  # tqdm bar on stderr
+    progress: bool = True  # progress on stderr: tqdm bar, or plain lines without tqdm
 
     def __post_init__(self) -> None:
         if self.batch_size % self.grad_accum:

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from service.format.tokenizer import ENDOFTEXT, Tokenizer
+from training.progress import progress_bar
 
 __all__ = ["DEFAULT_CORPUS", "TokenData", "default_corpus_ids", "default_corpus_text",
            "iter_blocks", "load_tokens", "resolve_sources", "token_dtype"]
@@ -190,7 +190,7 @@ def _tokenize_to(out: Path, sources: Sequence[Path], tokenizer: Tokenizer,
     dtype = token_dtype(tokenizer.n_vocab)
     eot = tokenizer.encode(ENDOFTEXT, allow_special_tokens=True)
     workers = len(os.sched_getaffinity(0))
-    bar = tqdm(desc="tokenize", unit="tok", unit_scale=True, disable=not progress)
+    bar = progress_bar("tokenize", unit="tok", unit_scale=True, disable=not progress)
     with out.open("wb") as f, ThreadPoolExecutor(workers) as pool:
         pending: deque[Future[np.ndarray]] = deque()
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
 from service.format.positions import sinusoidal_table
 from service.format.tokenizer import Tokenizer, load_tokenizer
+from training.plot import PlotsUnavailable, pyplot
 
 __all__ = ["InspectError", "LoadedModel", "load_model", "lookup_figure_size", "main",
            "nearest_tokens", "plot_lookup", "plot_positions", "position_similarity",
@@ -99,11 +100,7 @@ def position_similarity(position_table: torch.Tensor) -> torch.Tensor:
 
 def plot_positions(similarity: torch.Tensor, out: Path, title: str) -> None:
     """Heatmap of position-row cosine similarity, saved as a 600x500 PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display; never pick an interactive backend
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 5), dpi=_DPI, layout="constrained")
     image = ax.imshow(similarity.numpy(), cmap="RdBu_r", vmin=-1.0, vmax=1.0,
                       interpolation="nearest")
@@ -124,11 +121,7 @@ def lookup_figure_size(T: int) -> tuple[int, int]:
 def plot_lookup(panels: Sequence[tuple[str, torch.Tensor]], labels: Sequence[str],
                 out: Path, title: str) -> None:
     """Side-by-side [T x C] heatmaps sharing one colour scale, tokens on the y axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     width, height = lookup_figure_size(len(labels))
     fig, axes = plt.subplots(1, len(panels), figsize=(width / _DPI, height / _DPI), dpi=_DPI,
                              layout="constrained", sharey=True, squeeze=False)
@@ -236,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         model = load_model(args.model_repository, args.model, args.version)
         _COMMANDS[args.command](model, args)
-    except (InspectError, CheckpointError, OSError) as e:
+    except (InspectError, CheckpointError, OSError, PlotsUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -18,7 +18,7 @@ from torch import nn
 from service.format.positions import sinusoidal_table  # the server recomputes it: same bits
 from training.loss import DEFAULT_CHUNK, linear_cross_entropy
 
-__all__ = ["GPT", "POSITIONS", "ModelConfig", "rope_tables"]
+__all__ = ["GPT", "POSITIONS", "ModelConfig", "flops_per_token", "matmul_params", "rope_tables"]
 
 POSITIONS = ("learned", "sinusoidal", "none")  # "none" = RoPE inside attention
 
@@ -198,3 +198,22 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(hidden), None  # (B, T, table_rows)
         return None, self.head_loss(hidden, targets)
+
+
+def matmul_params(model: GPT) -> int:
+    """Parameters that take part in matmuls: the blocks, the final LayerNorm and the LM head,
+    whose weight counts once, tied or not. The input tables are gathers, not matmuls: an
+    untied token table is left out, a tied one is the head's matmul and counts."""
+    gathers = {id(p) for p in model.embedding_parameters()} - {id(model.lm_head.weight)}
+    return sum(p.numel() for p in model.parameters() if id(p) not in gathers)
+
+
+def flops_per_token(model: GPT) -> float:
+    """Training FLOPs per token, forward + backward: 6 N + 12 L C T (PaLM, appendix B, as
+    nanoGPT's MFU estimate), N = ``matmul_params`` (biases and LayerNorms included, as both
+    count them), the second term attention's scores and weighted sum at full context T.
+
+    The one definition behind every MFU figure (training/bench: throughput and anchor).
+    """
+    cfg = model.cfg
+    return 6 * matmul_params(model) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
 
 from service.format.tokenizer import Tokenizer
 from training import distributed
@@ -27,6 +26,7 @@ from training.config import TrainConfig
 from training.data import TokenData
 from training.model import GPT
 from training.optim import build_optimizers, clip_grad_norm, lr_at
+from training.progress import progress_bar
 from training.state import TrainerState, load_state, save_state, state_path
 
 __all__ = ["Batches", "TrainResult", "evaluate", "train"]
@@ -137,8 +137,8 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
     unigram = unigram_cross_entropy(data.train, data.val, tokenizer.n_vocab)
     stop = min(cfg.max_steps, cfg.stop_at or cfg.max_steps)
     params: list[torch.Tensor] = list(model.parameters())
-    bar = tqdm(total=stop, initial=step, desc="train", unit="step",
-               disable=not (cfg.progress and topo.is_main))
+    bar = progress_bar("train", total=stop, initial=step, unit="step",
+                       disable=not (cfg.progress and topo.is_main))
     train_loss = val_loss = float("nan")
     tick, tick_tokens = time.perf_counter(), tokens
 

@@ -11,11 +11,12 @@ import torch
 
 from bench.ceiling_server import CeilingPayloads
 from bench.config import BenchConfig, Cell, parse_args
-from bench.loadgen import Measurement, protocol_for
+from bench.loadgen import protocol_for
 from bench.naive_proto import NaiveResponse
 from bench.naive_server import NaiveEmbedder
 from bench.report import build_report, format_report, summarize
 from bench.run import _requests
+from bench.window import Measurement
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 

@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 
 from bench.servers import GLIBC_TUNABLES, ServerProcess
-from bench.soak_oracle import Oracle, PublishedVersion
-from bench.soak_requests import MODEL
+from bench.soak.oracle import Oracle, PublishedVersion
+from bench.soak.requests import MODEL
 from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE, write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 
 __all__ = ["ROOT", "Publisher", "launch", "tree_rss_mb", "worker_pids"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 VOCAB_SIZE = 50257
 
 

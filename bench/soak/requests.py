@@ -2,7 +2,7 @@
 
 Every valid request names the default model and version 0 (newest), so its answer may come
 from any published version; the answer names the version, and the oracle
-(bench/soak_oracle.py) checks the rows against that version's tables. Invalid requests
+(bench/soak/oracle.py) checks the rows against that version's tables. Invalid requests
 each break one rule and expect one status code.
 """
 

@@ -2,9 +2,9 @@
 # GPU check for a lent machine, in under 5 minutes: the test suite with the tables on the GPU,
 # then the benchmark with the service on the GPU. Results go to $OUT (flat: at most 8 files).
 #
-#   here, once:  bench/gpu_wheels.sh          (grpcio/protobuf wheels for the GPU image -> .whl/)
-#   there:       run(command="bench/gpu.sh", carry=[".whl", "service/format/assets"], timeout_s=420)
-#   dry run:     DEVICE=cpu PYTHON=.venv/bin/python QUICK=1 SKIP_WHEELS=1 bench/gpu.sh
+#   here, once:  scripts/gpu_wheels.sh          (grpcio/protobuf wheels for the GPU image -> .whl/)
+#   there:       run(command="scripts/gpu.sh", carry=[".whl", "service/format/assets"], timeout_s=420)
+#   dry run:     DEVICE=cpu PYTHON=.venv/bin/python QUICK=1 SKIP_WHEELS=1 scripts/gpu.sh
 #
 # Env: DEVICE (cuda), PYTHON (python3 with torch), OUT (bench/results/gpu), QUICK=1 (smoke
 # sizes), SKIP_WHEELS=1 (use PYTHON's own packages), TEST_TIMEOUT / BENCH_TIMEOUT (seconds per stage). A failing stage does not stop the
@@ -44,13 +44,17 @@ import importlib, sys
 device = sys.argv[1]
 missing = []
 for name in ("torch", "numpy", "grpc", "grpc_health.v1", "grpc_reflection.v1alpha",
-             "google.protobuf", "safetensors", "tiktoken", "prometheus_client", "matplotlib",
-             "pytest", "genproto.embedding.v1.embedding_pb2_grpc", "service.server"):
+             "google.protobuf", "safetensors", "tiktoken", "prometheus_client", "pytest", "genproto.embedding.v1.embedding_pb2_grpc", "service.server"):
     try:
         mod = importlib.import_module(name)
         print(f"{name}: {getattr(mod, '__version__', 'ok')}")
     except Exception as e:  # a missing or too-old package: say which, then stop
         missing.append(f"{name} ({type(e).__name__}: {e})")
+try:  # optional (the bench extra): without it the bench writes no bench.png
+    import matplotlib
+    print(f"matplotlib: {matplotlib.__version__}")
+except ImportError:
+    print("matplotlib: not installed (no bench.png)")
 import torch
 print("cuda available:", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.soak_requests import MODEL, Expected, Item
+from bench.soak.requests import MODEL, Expected, Item
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["Oracle", "PublishedVersion"]

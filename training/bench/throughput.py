@@ -1,20 +1,20 @@
 """Training throughput: tokens/s and model FLOPs utilisation (MFU) of the training job's
 default run, and the step time of a 50257-row token table with dense vs sparse gradients.
 
-    .venv/bin/python -m bench.train_bench [--threads 1] [--device cpu|cuda]
-                                          [--out bench/results/train_bench.json]
-    .venv/bin/python -m bench.train_bench --preset anchor   # nanoGPT's small config, 600 steps
-    .venv/bin/python -m bench.train_bench --preset levers   # each speed lever on its own
+    .venv/bin/python -m training.bench [--threads 1] [--device cpu|cuda]     (make bench-train)
+                                       [--out bench/results/train_bench.json]
+    .venv/bin/python -m training.bench --preset anchor   # nanoGPT's small config, 600 steps
+    .venv/bin/python -m training.bench --preset levers   # each speed lever on its own
 
-The anchor and levers presets are bench/train_anchor.py's (read its docstring).
+The anchor and levers presets are training/bench/anchor.py's (read its docstring).
 
 The model step is training/train.py's: ``TrainConfig()`` defaults (shape and batch printed
 in the table header), its ``build_optimizers`` and ``clip_grad_norm``; once with dense
 tables + AdamW, once with ``sparse_embeddings`` (SparseAdam for the tables).
 
-MFU = achieved model FLOP/s / peak FLOP/s. Model FLOPs per token follow PaLM (appendix B):
-6 * N (N = parameters used in matmuls: the blocks and the untied LM head; the token and
-position tables are gathers, not matmuls) + 12 * n_layer * n_embd * T for attention. The
+MFU = achieved model FLOP/s / peak FLOP/s. Model FLOPs per token are
+``training.model.flops_per_token`` (PaLM, appendix B: 6 N + 12 L C T, N = parameters used
+in matmuls; the input tables are gathers), the same definition the anchor preset uses. The
 peak is measured in the same run: the best of a few large fp32 matmuls on the same threads,
 so MFU is relative to what this machine really reaches, not to a datasheet.
 
@@ -37,22 +37,22 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from training.bench.anchor import run_anchor, run_levers
+from training.bench.timing import Timing, peak_matmul_flops, timed
 from training.config import TrainConfig
 from training.data import default_corpus_ids
 from training.malloc import TUNABLES as GLIBC_TUNABLES
-from training.model import GPT, ModelConfig
+from training.model import GPT, flops_per_token, matmul_params
 from training.optim import build_optimizers, clip_grad_norm
 
-__all__ = ["Batch", "Timing", "batches", "flops_per_token", "main",
-           "matmul_params", "peak_matmul_flops", "table_step_seconds", "train_step_seconds"]
+__all__ = ["Batch", "batches", "main", "table_step_seconds", "train_step_seconds"]
 
 VOCAB_SIZE = 50257  # GPT-2's n_vocab
 TRAIN = TrainConfig()  # the training job's default run (the `make model` model)
@@ -71,77 +71,6 @@ def batches(ids: torch.Tensor, n: int, B: int, T: int, seed: int = 0) -> list[Ba
     starts = torch.randint(0, len(ids) - T - 1, (n, B), generator=gen)
     windows = [torch.stack([ids[s:s + T + 1] for s in row.tolist()]) for row in starts]
     return [(w[:, :-1].contiguous(), w[:, 1:].contiguous()) for w in windows]  # (B, T) each
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":  # kernels are asynchronous: time them, not their launch
-        torch.cuda.synchronize(device)
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Per-step wall and process-CPU seconds.
-
-    At one CPU thread, CPU time is what the step cost whatever else the machine is doing;
-    wall time is what a user waits, and swells when other processes take the cores.
-    """
-
-    wall: list[float]
-    cpu: list[float]
-
-    @property
-    def wall_median(self) -> float:
-        """Median wall seconds per step."""
-        return statistics.median(self.wall)
-
-    @property
-    def cpu_median(self) -> float:
-        """Median process-CPU seconds per step."""
-        return statistics.median(self.cpu)
-
-    def to_json(self) -> dict[str, Any]:
-        """Milliseconds, medians first."""
-        return {"wall_ms_median": 1e3 * self.wall_median, "cpu_ms_median": 1e3 * self.cpu_median,
-                "wall_ms": [1e3 * t for t in self.wall], "cpu_ms": [1e3 * t for t in self.cpu]}
-
-
-def _timed(step: Callable[[int], None], steps: int, warmup: int,
-           device: torch.device) -> Timing:
-    wall, cpu = [], []
-    for i in range(warmup + steps):
-        _sync(device)
-        t0, c0 = time.perf_counter(), time.process_time()
-        step(i)
-        _sync(device)
-        if i >= warmup:
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-    return Timing(wall, cpu)
-
-
-def peak_matmul_flops(device: torch.device, n: int = 2048, reps: int = 5) -> tuple[float, float]:
-    """The best fp32 FLOP/s of an (n x n) @ (n x n) matmul, per wall and per CPU second."""
-    if device.type == "cuda":
-        n = 8192  # a 2048 matmul is too short to fill a datacentre GPU
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    out = torch.empty(n, n, device=device)
-
-    def step(_: int) -> None:
-        torch.mm(a, b, out=out)
-
-    t = _timed(step, reps, 1, device)  # the warmup faults in the output pages
-    return 2 * n**3 / min(t.wall), 2 * n**3 / min(t.cpu)
-
-
-def matmul_params(model: GPT) -> int:
-    """Parameters that take part in matmuls: all but the token and position tables."""
-    tables = {id(p) for p in model.embedding_parameters()}
-    return sum(p.numel() for p in model.parameters() if id(p) not in tables)
-
-
-def flops_per_token(cfg: ModelConfig, n_matmul: int) -> float:
-    """Training FLOPs per token, forward + backward (PaLM's 6N + 12 L C T)."""
-    return 6 * n_matmul + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
 def train_step_seconds(cfg: TrainConfig, data: Sequence[Batch], steps: int, warmup: int,
@@ -163,7 +92,7 @@ def train_step_seconds(cfg: TrainConfig, data: Sequence[Batch], steps: int, warm
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    return _timed(step, steps, warmup, device)
+    return timed(step, steps, warmup, device)
 
 
 def table_step_seconds(rows: int, dim: int, data: Sequence[Batch], sparse: bool,
@@ -182,7 +111,7 @@ def table_step_seconds(rows: int, dim: int, data: Sequence[Batch], sparse: bool,
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _timed(step, steps, warmup, device)
+    return timed(step, steps, warmup, device)
 
 
 def _bench_model(data: Sequence[Batch], peak: tuple[float, float], args: argparse.Namespace,
@@ -195,13 +124,14 @@ def _bench_model(data: Sequence[Batch], peak: tuple[float, float], args: argpars
         train_cfg = dataclasses.replace(TRAIN, sparse_embeddings=sparse)
         cfg = train_cfg.model_config(VOCAB_SIZE)
         t = train_step_seconds(train_cfg, data, args.steps, args.warmup, device)
-        n_matmul = matmul_params(GPT(cfg))
+        model = GPT(cfg)
+        n_matmul, per_token = matmul_params(model), flops_per_token(model)
         tokens_per_s = BATCH_SIZE * T / t.wall_median
-        model_flops = flops_per_token(cfg, n_matmul) * BATCH_SIZE * T  # per step
+        model_flops = per_token * BATCH_SIZE * T  # per step
         mfu, mfu_cpu = model_flops / t.wall_median / peak[0], model_flops / t.cpu_median / peak[1]
         name = "sparse tables + SparseAdam" if sparse else "dense tables + AdamW"
         rows.append({"name": name, "config": dict(cfg.__dict__), "matmul_params": n_matmul,
-                     "flops_per_token": flops_per_token(cfg, n_matmul), **t.to_json(),
+                     "flops_per_token": per_token, **t.to_json(),
                      "tokens_per_s": tokens_per_s,
                      "tokens_per_cpu_s": BATCH_SIZE * T / t.cpu_median,
                      "mfu": mfu, "mfu_cpu_time": mfu_cpu})
@@ -230,7 +160,7 @@ def _bench_table(data: Sequence[Batch], args: argparse.Namespace,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run both measurements, print tables, write the JSON report."""
-    p = argparse.ArgumentParser(prog="python -m bench.train_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m training.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu | cuda[:N]")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -251,18 +181,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out = args.out or Path(f"bench/results/{name[args.preset]}.json")
     if args.malloc == "tunables" and "GLIBC_TUNABLES" not in os.environ:
         os.environ["GLIBC_TUNABLES"] = GLIBC_TUNABLES  # read by glibc only at process start
-        os.execv(sys.executable, [sys.executable, "-m", "bench.train_bench",
+        os.execv(sys.executable, [sys.executable, "-m", "training.bench",
                                   *(sys.argv[1:] if argv is None else argv)])
     if args.threads:  # at 1 thread no parallel region waits on a preempted straggler
         torch.set_num_threads(args.threads)
     if args.preset == "levers":
-        from bench.train_anchor import run_levers
-
         run_levers(args.rounds, args.lever_steps, args.out, args.compile)
         return 0
     if args.preset == "anchor":  # whole run first: nothing before it may raise peak RSS
-        from bench.train_anchor import run_anchor
-
         run_anchor(args.anchor_steps, args.breakdown_steps, args.out, args.threads or 0)
         return 0
     started = time.perf_counter()
@@ -298,6 +224,3 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{load_start[0]:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,15 +6,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["format_summary", "latency_windows", "percentile", "plot_soak"]
+from bench.window import percentile
+from training.plot import pyplot
 
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of unsorted ``values`` (nan when empty)."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+__all__ = ["format_summary", "latency_windows", "plot_soak"]
 
 
 def latency_windows(latencies: Sequence[tuple[float, float, str]], seconds: float,
@@ -32,11 +27,7 @@ def latency_windows(latencies: Sequence[tuple[float, float, str]], seconds: floa
 def plot_soak(report: Mapping[str, Any], path: Path) -> Path:
     """Two panels sharing the time axis: p50/p99 latency, and the server's RSS; events as
     vertical lines (versions published, the bad version, the SIGKILL, the restart)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()  # PlotsUnavailable without matplotlib (the bench extra)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     w = [x for x in report["latency_windows"] if x["answers"]]
     ax1.plot([x["t"] for x in w], [x["p50_ms"] for x in w], label="p50", color="#1f77b4")

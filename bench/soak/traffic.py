@@ -25,8 +25,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from bench.soak_oracle import Oracle
-from bench.soak_requests import Expected, RequestMaker
+from bench.soak.oracle import Oracle
+from bench.soak.requests import Expected, RequestMaker
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc

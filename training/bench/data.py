@@ -1,7 +1,7 @@
 """Data preparation at scale: tokens/s and peak memory of training/data.py on a big corpus.
 
-    .venv/bin/python -m bench.data_bench [--size-mb 300] [--keep] [--dir DIR]
-                                         [--out bench/results/data_bench.json]
+    .venv/bin/python -m training.bench.data [--size-mb 300] [--keep] [--dir DIR]
+                                            [--out bench/results/data_bench.json]
 
 Generates a synthetic corpus of ``--size-mb`` MB: paragraphs of CPython's
 ``pydoc_data.topics`` with ~15% of their words replaced by random words of the same text,
@@ -102,10 +102,10 @@ def _child(cache_dir: str, sources: Sequence[str]) -> None:
 
 def prepare_in_child(cache_dir: Path, sources: Sequence[Path]) -> dict[str, Any]:
     """Run load_tokens in a fresh interpreter; its timing, token count and peak RSS."""
-    cmd = [sys.executable, "-m", "bench.data_bench", "--child", str(cache_dir),
+    cmd = [sys.executable, "-m", "training.bench.data", "--child", str(cache_dir),
            *map(str, sources)]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True,
-                         cwd=Path(__file__).resolve().parents[1]).stdout
+                         cwd=Path(__file__).resolve().parents[2]).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -120,7 +120,8 @@ def _row(name: str, r: dict[str, Any], corpus_mb: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Generate, prepare twice, print the table, write the JSON."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m training.bench.data",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=float, default=300.0)
     ap.add_argument("--keep", action="store_true", help="keep the corpus and the cache")
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir)")

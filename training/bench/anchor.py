@@ -1,13 +1,13 @@
-"""The "anchor" preset of bench.train_bench: nanoGPT's small config, side by side.
+"""The "anchor" preset of training.bench: nanoGPT's small config, side by side.
 
-    .venv/bin/python -m bench.train_bench --preset anchor   # whole run + breakdown + plot
-    .venv/bin/python -m bench.train_bench --preset levers   # each speed lever on its own
+    .venv/bin/python -m training.bench --preset anchor   # whole run + breakdown + plot
+    .venv/bin/python -m training.bench --preset levers   # each speed lever on its own
 
 The config is nanoGPT's small run on the default corpus: 4 layers, 4 heads, C=128,
 block 128, batch 16, no gradient accumulation, 600 steps, lr 1e-3 cosine to 1e-4 after
 50 warmup steps, beta2 0.99, weight decay 0.1, tied head; val loss every 100 steps on the
 whole val split. ``anchor`` first trains it exactly as ``python -m training`` does
-(training.train.train, tqdm progress) and reports whole-run tokens/s (wall time from model
+(training.train.train, with its progress) and reports whole-run tokens/s (wall time from model
 build to the last evaluation, evaluations included), peak RSS (VmHWM), MFU and the val
 loss at the last step beside nanoGPT's figures measured on the same machine kind; then it
 times one step in four phases (forward, head+loss, backward, optimizer) for the
@@ -29,9 +29,11 @@ from typing import Any
 
 import torch
 
+from training.bench.timing import peak_matmul_flops
 from training.config import TrainConfig
-from training.model import GPT
+from training.model import GPT, flops_per_token
 from training.optim import build_optimizers, clip_grad_norm, lr_at
+from training.plot import PlotsUnavailable, pyplot
 
 __all__ = ["ANCHOR", "NANOGPT", "PHASES", "REFERENCE", "lever_variants", "peak_rss_bytes",
            "plot_breakdown", "run_anchor", "run_levers", "step_breakdown"]
@@ -54,16 +56,6 @@ VOCAB_SIZE = 50257
 def peak_rss_bytes() -> int:
     """This process's peak resident set size (Linux ru_maxrss is in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def flops_per_token(cfg: TrainConfig) -> float:
-    """PaLM/nanoGPT: 6 N + 12 L C T, N = every parameter but the position table (the tied
-    token table counts once: it is the head's matmul)."""
-    model = GPT(cfg.model_config(VOCAB_SIZE))
-    n = sum(p.numel() for p in model.parameters())
-    if model.wpe is not None:
-        n -= model.wpe.weight.numel()
-    return 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
 def whole_run(cfg: TrainConfig, steps: int) -> dict[str, Any]:
@@ -209,12 +201,9 @@ def run_levers(rounds: int, steps: int, out: Path, compile_: bool = False) -> di
 
 
 def plot_breakdown(breakdown: dict[str, dict[str, float]], path: Path) -> Path:
-    """Stacked horizontal bars: ms per phase of one step, one bar per config."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only
-    import matplotlib.pyplot as plt
-
+    """Stacked horizontal bars: ms per phase of one step, one bar per config (PlotsUnavailable
+    without matplotlib)."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 2.8))
     names = list(breakdown)
     left = [0.0] * len(names)
@@ -239,11 +228,10 @@ def run_anchor(steps: int, breakdown_steps: int, out: Path, threads: int = 0
 
     ``threads``: torch threads for the whole run (0 = all cores, the training default).
     """
-    from bench.train_bench import peak_matmul_flops
-
     run = whole_run(dataclasses.replace(ANCHOR, threads=threads), steps)
     peak_flops = peak_matmul_flops(torch.device("cpu"))[0]  # after: its buffers add RSS
-    mfu = flops_per_token(ANCHOR) * run["tokens_per_s"] / peak_flops
+    per_token = flops_per_token(GPT(ANCHOR.model_config(VOCAB_SIZE)))
+    mfu = per_token * run["tokens_per_s"] / peak_flops
     ref = NANOGPT
     print(f"\n{'anchor whole run':<24}{'this project':>14}{'nanoGPT':>10}{'target':>10}")
     print(f"{'tokens/s':<24}{run['tokens_per_s']:>14.0f}{ref['tokens_per_s']:>10.0f}"
@@ -264,10 +252,13 @@ def run_anchor(steps: int, breakdown_steps: int, out: Path, threads: int = 0
     breakdown = step_breakdown({"reference": REFERENCE, "tuned": ANCHOR}, breakdown_steps)
     for name, phases in breakdown.items():
         print(f"{name:<10}" + "".join(f"{ph} {1e3 * s:.0f} ms  " for ph, s in phases.items()))
-    png = plot_breakdown(breakdown, out.with_suffix(".png"))
+    try:
+        png: Path | str = plot_breakdown(breakdown, out.with_suffix(".png"))
+    except PlotsUnavailable as e:  # the figures above and the JSON are the result
+        png = f"no plot: {e}"
     report = {"config": dataclasses.replace(ANCHOR, threads=threads).to_dict(),
               "nanogpt": ref, "whole_run": run, "mfu": mfu,
-              "peak_fp32_matmul_flops": peak_flops, "flops_per_token": flops_per_token(ANCHOR),
+              "peak_fp32_matmul_flops": peak_flops, "flops_per_token": per_token,
               "breakdown_s": breakdown, "plot": str(png)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -9,11 +9,12 @@ import time
 import grpc
 import pytest
 
-from bench.soak_oracle import Oracle
-from bench.soak_report import latency_windows, percentile
-from bench.soak_requests import RequestMaker
-from bench.soak_server import VOCAB_SIZE, Publisher
-from bench.soak_traffic import AttemptCounter, SoakClient, Tally
+from bench.soak.oracle import Oracle
+from bench.soak.report import latency_windows
+from bench.soak.requests import RequestMaker
+from bench.soak.server import VOCAB_SIZE, Publisher
+from bench.soak.traffic import AttemptCounter, SoakClient, Tally
+from bench.window import percentile
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
