@@ -210,7 +210,7 @@ def tensor_view(buffer: Any, dtype: int, shape: tuple[int, ...], nbytes: int,
     want = count * wire.itemsize
     if nbytes != want:
         raise EmbeddingError(grpc.StatusCode.INTERNAL,
-                             f"tensor of shape {shape} {_DTYPE_NAMES[dtype]} needs "  # type: ignore[index]
+                             f"tensor of shape {shape} {_DTYPE_NAMES[dtype]} needs "
                              f"{want} bytes, got {nbytes}")
     array = np.frombuffer(buffer, dtype=wire, count=count, offset=offset).reshape(shape)
     array.flags.writeable = False

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from service.dtypes import TABLE_DTYPE_NAMES
+
 __all__ = ["ServerConfig", "parse_config"]
 
 
@@ -79,8 +81,8 @@ class ServerConfig:
     trace_sample_ratio: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.table_dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"table_dtype {self.table_dtype!r}: float32|bfloat16|float16")
+        if self.table_dtype not in TABLE_DTYPE_NAMES:
+            raise ValueError(f"table_dtype {self.table_dtype!r}: {'|'.join(TABLE_DTYPE_NAMES)}")
         if self.log_format not in ("json", "text"):
             raise ValueError(f"log_format {self.log_format!r}: json|text")
         if self.max_batch_tokens <= 0 or self.max_queue_tokens < self.max_batch_tokens:
