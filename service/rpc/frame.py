@@ -164,10 +164,12 @@ class Frame:
         return handler
 
     async def item(self, call: Call, model: str, request_id: str,
-                   body: Callable[[], Awaitable[T]]) -> T:
-        """One item of a stream, framed like a unary call of its own."""
-        return await self.run(replace(call, model=model, request_id=request_id,
-                                      start_ns=time.perf_counter_ns()), body)
+                   body: Callable[[Call], Awaitable[T]]) -> T:
+        """One item of a stream, framed like a unary call of its own: ``body`` gets the
+        item's call (its own start time, model and request id)."""
+        item = replace(call, model=model, request_id=request_id,
+                       start_ns=time.perf_counter_ns())
+        return await self.run(item, lambda: body(item))
 
 
 def grpc_call(rpc: str, context: grpc.aio.ServicerContext, start_ns: int, model: str = "",

@@ -122,7 +122,7 @@ class NativeFront:
             async for request in requests:
                 await window.put(asyncio.ensure_future(self.frame.item(
                     call, request.model, request.request_id,
-                    lambda r=request: self._embed_one(r, call))))  # type: ignore[misc]
+                    lambda item, r=request: self._embed_one(r, item))))  # type: ignore[misc]
             await window.put(None)
 
         reader = asyncio.ensure_future(read())
