@@ -29,6 +29,7 @@ from service.engine.repository import LoadedModel, Repository
 from service.engine.shm import SharedMemoryRegistry, ShmDestination
 from service.engine.validation import Limits, check_ids, check_text
 from service.errors import EmbedError, Unauthenticated, Unavailable, status_for
+from service.format.tokenizer import TokenizerSpec
 from service.metrics import Metrics
 from service.rpc import codec
 
@@ -155,7 +156,7 @@ class EmbeddingService:
         """Plan where the rows go (the response bytes, or a shared-memory region), batch
         the lookup into it, account for it."""
         self.batcher.check_room(admission.tokens)  # before allocating: cheap refusals
-        shape = (admission.tokens, admission.model.tables.dim)
+        shape = (admission.tokens, admission.dim)
         dest: codec.ResponseWriter | ShmDestination
         if output is None:
             dest = codec.Reply(fields, shape, admission.options.dtype).allocate()
@@ -328,15 +329,15 @@ class EmbeddingService:
             vocab_size=m.vocab_size, table_rows=m.table_rows, dim=m.dim,
             max_seq_len=m.max_seq_len, position=m.position, storage_dtype=m.dtype,
             device=str(model.tables.device),
-            tokenizer=pb.TokenizerInfo(encoding=m.tokenizer.encoding, file=m.tokenizer.file,
-                                       sha256=m.tokenizer.sha256,
-                                       special_tokens=m.tokenizer.special_tokens),
+            tokenizer=_tokenizer_info(m.tokenizer),
             is_default=model.name == self.repo.default_model,
             max_tokens_per_request=min(self.limits.max_tokens_per_request, m.max_seq_len),
             max_text_bytes=self.limits.max_text_bytes,
             max_message_bytes=self.limits.max_message_bytes,
             provenance_json=json.dumps(m.provenance, sort_keys=True),
-            has_row_updates=model.untrained is not None, untrained_rows=untrained)
+            has_row_updates=model.untrained is not None, untrained_rows=untrained,
+            family=m.family, rules=m.rules.describe(), hidden_size=m.width,
+            has_tokenizer=m.tokenizer is not None)
 
     def handlers(self) -> grpc.GenericRpcHandler:
         """The service's method handlers; embedding RPCs pass pre-encoded bytes through."""
@@ -377,7 +378,17 @@ def _options(request: pb.EmbedRequest | pb.EmbedBatchRequest) -> Options:
     """The request-wide settings of an Embed or EmbedBatch request."""
     return Options(request.model, request.version, request.compose, request.dtype,
                    request.truncate, request.allow_special_tokens,
+                   add_special_tokens=(request.add_special_tokens
+                                       if request.HasField("add_special_tokens") else None),
                    in_message=not request.HasField("output"))
+
+
+def _tokenizer_info(spec: TokenizerSpec | None) -> pb.TokenizerInfo:
+    """ModelInfo's tokenizer (empty, kind "", for an ids-only model)."""
+    if spec is None:
+        return pb.TokenizerInfo()
+    return pb.TokenizerInfo(encoding=spec.encoding, file=spec.file, sha256=spec.sha256,
+                            special_tokens=spec.special_tokens, kind=spec.kind)
 
 
 def _shm_output(request: pb.EmbedRequest | pb.EmbedBatchRequest

@@ -11,7 +11,9 @@ ModelInfer tensors (what ModelMetadata describes):
            sequence's length are zero)
   request parameters: ``start_position`` (int64), ``compose`` ("token_plus_position" |
   "token_only" | "position_only"), ``datatype`` ("FP32" | "FP16" | "BF16"), ``truncate``
-  ("none" | "right" | "left"), ``allow_special_tokens`` (bool).
+  ("none" | "right" | "left"), ``allow_special_tokens`` (bool), ``add_special_tokens``
+  (bool; absent = the model's default, as AutoTokenizer applies it).
+ModelMetadata also carries ``parameters``: family, rules, tokenizer, hidden_size.
 Shared memory (Triton's system shared-memory extension): the ``embeddings`` output's
 ``shared_memory_region`` / ``shared_memory_offset`` / ``shared_memory_byte_size``
 parameters put the [B, T, C] rows in a registered region instead of the response.
@@ -94,13 +96,22 @@ class InferenceService:
         async def body() -> oip.ModelMetadataResponse:
             model = self.native.repo.get(request.name, _version(request.version))
             meta = oip.ModelMetadataResponse.TensorMetadata
-            return oip.ModelMetadataResponse(
+            response = oip.ModelMetadataResponse(
                 name=model.name, versions=[str(model.version)], platform="embedding",
                 inputs=[meta(name="input_ids", datatype="INT64", shape=[-1, -1]),
                         meta(name="text", datatype="BYTES", shape=[-1])],
                 outputs=[meta(name="embeddings", datatype="FP32",
-                              shape=[-1, -1, model.tables.dim]),
+                              shape=[-1, -1, model.tables.width]),
                          meta(name="sequence_lengths", datatype="INT64", shape=[-1])])
+            m = model.checkpoint.manifest
+            tok = m.tokenizer
+            p = response.parameters
+            p["family"].string_param = m.family
+            p["rules"].string_param = m.rules.describe()
+            p["tokenizer"].string_param = "none (ids-only)" if tok is None else (
+                f"{tok.kind}:{tok.file}")
+            p["hidden_size"].int64_param = m.width
+            return response
 
         return await self.native.call("ModelMetadata", request.name, "", context, body)
 
@@ -131,12 +142,13 @@ class InferenceService:
         inputs = read_input(request, params["start_position"])
         options = Options(request.model_name, _version(request.model_version),
                           params["compose"], dtype, params["truncate"],
-                          params["allow_special_tokens"], in_message=shm is None)
+                          params["allow_special_tokens"], params["add_special_tokens"],
+                          in_message=shm is None)
         admission = await self.native.admitter.admit(options, inputs)
         model = admission.model
         self.native.batcher.check_room(admission.tokens)  # before allocating: cheap refusals
         lengths = admission.lengths
-        B, T, C = len(lengths), max(lengths), model.tables.dim
+        B, T, C = len(lengths), max(lengths), admission.dim
         datatype = DATATYPES[dtype]
         out = oip.ModelInferResponse.InferOutputTensor
         fields = oip.ModelInferResponse(
