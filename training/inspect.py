@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
-from service.format.positions import sinusoidal_table
 from service.format.hf_tokenizer import TextTokenizer, load_text_tokenizer
+from service.format.positions import sinusoidal_table
 
 __all__ = ["InspectError", "LoadedModel", "load_model", "lookup_figure_size", "main",
            "nearest_tokens", "plot_lookup", "plot_positions", "position_similarity",
