@@ -6,8 +6,9 @@ A tokenizer.json alone is not the whole story: transformers' ``TokenizersBackend
 
 1. adds every named special token (``bos_token``, ``eos_token``, ``unk_token``, ...,
    ``extra_special_tokens``) and every ``added_tokens_decoder`` entry the file lacks;
-2. rebuilds the post-processor as ``[bos] $A [eos]`` when the config says
-   ``add_bos_token`` / ``add_eos_token`` explicitly, or when the file has none;
+2. keeps the file's post-processor (transformers 5 drops ``add_bos_token`` /
+   ``add_eos_token`` from the config when a tokenizer.json exists), or sets ``$A`` (adds
+   nothing) when the file has none;
 3. encodes without the file's padding and truncation (``__call__`` turns them off).
 
 ``resolve`` does the same with the ``tokenizers`` library alone, and returns the JSON the
@@ -80,25 +81,13 @@ def _emulate(tok: Tokenizer, config: dict[str, Any]) -> None:
             to_add.append(AddedToken(found[0], special=True, **found[1]))
     if to_add:
         tok.add_tokens(to_add)
-    explicit = "add_bos_token" in config or "add_eos_token" in config
-    if explicit or tok.post_processor is None:
-        bos, eos = _content(config.get("bos_token")), _content(config.get("eos_token"))
-        add_bos = bool(config.get("add_bos_token", False)) and bos is not None
-        add_eos = bool(config.get("add_eos_token", False)) and eos is not None
-        b = [f"{bos[0]}:0"] if add_bos and bos else []
-        e = [f"{eos[0]}:0"] if add_eos and eos else []
-        single = " ".join([*b, "$A:0", *e])  # as TokenizersBackend.update_post_processor
-        pair = " ".join([single, *(x.replace(":0", ":1") for x in b), "$B:1",
-                         *(x.replace(":0", ":1") for x in e)])
-        specials = []
-        for on, found in ((add_bos, bos), (add_eos, eos)):
-            if on and found is not None:
-                token_id = tok.token_to_id(found[0])
-                if token_id is None:
-                    raise ImporterError(f"tokenizer_config.json: {found[0]!r} is not a token")
-                specials.append((found[0], token_id))
-        tok.post_processor = TemplateProcessing(single=single, pair=pair,
-                                                special_tokens=specials)
+    # transformers 5 drops add_bos_token / add_eos_token from tokenizer_config.json when a
+    # tokenizer.json exists (tokenization_utils_base): the file's post-processor decides.
+    # Only a file without one gets update_post_processor's template, which then adds
+    # nothing ("$A:0").
+    if tok.post_processor is None:
+        tok.post_processor = TemplateProcessing(single="$A:0", pair="$A:0 $B:1",
+                                                special_tokens=[])
 
 
 def _auto_backend(model_dir: Path, candidate: Tokenizer) -> tuple[Tokenizer | None, str]:
