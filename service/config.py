@@ -35,8 +35,9 @@ class ServerConfig:
     metrics_port: int = 9464
     # auto = cuda when torch sees a GPU, else cpu; or cpu, cuda, cuda:N.
     device: str = "auto"
-    # Dtype the tables are held in on the device; the add is always fp32.
-    table_dtype: str = "float32"
+    # Dtype the tables are held in on the device: "stored" keeps the checkpoint's (a bf16
+    # table stays a memory map, widened row by row as gathered); the add is always fp32.
+    table_dtype: str = "stored"
     # Token budget of one gather+add: bounds per-batch memory ([tokens, C] floats).
     max_batch_tokens: int = 16384
     # 0 = take what is queued now (TEI's default): no latency added at low load.
@@ -81,8 +82,9 @@ class ServerConfig:
     trace_sample_ratio: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.table_dtype not in TABLE_DTYPE_NAMES:
-            raise ValueError(f"table_dtype {self.table_dtype!r}: {'|'.join(TABLE_DTYPE_NAMES)}")
+        if self.table_dtype not in ("stored", *TABLE_DTYPE_NAMES):
+            raise ValueError(f"table_dtype {self.table_dtype!r}: "
+                             f"stored|{'|'.join(TABLE_DTYPE_NAMES)}")
         if self.log_format not in ("json", "text"):
             raise ValueError(f"log_format {self.log_format!r}: json|text")
         if self.max_batch_tokens <= 0 or self.max_queue_tokens < self.max_batch_tokens:

@@ -50,7 +50,8 @@ class EmbeddingServer:
             torch.set_num_threads(config.torch_threads)
         self.metrics = Metrics()
         self.repo = Repository(config.model_repository, self.device,
-                               BY_NAME[config.table_dtype].torch, config.default_model,
+                               None if config.table_dtype == "stored"
+                               else BY_NAME[config.table_dtype].torch, config.default_model,
                                parse_pins(config.pin_versions), self._on_load)
         self.batcher = Batcher(config.max_batch_tokens, config.max_batch_delay_us,
                                config.max_queue_tokens, self.metrics.observe_batch)

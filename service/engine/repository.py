@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from service.engine.tables import EmbeddingTables
-from service.errors import NotFound, Unavailable
+from service.errors import FailedPrecondition, NotFound, Unavailable
 from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
+from service.format.hf_tokenizer import TextTokenizer, load_text_tokenizer
 from service.format.positions import sinusoidal_table
-from service.format.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["LoadedModel", "Repository", "load_model", "parse_pins"]
 
@@ -35,7 +35,7 @@ class LoadedModel:
     name: str
     version: int
     checkpoint: Checkpoint
-    tokenizer: Tokenizer
+    text_tokenizer: TextTokenizer | None  # None: an ids-only model
     tables: EmbeddingTables
     untrained: torch.Tensor | None  # (table_rows,) bool: never updated in training
 
@@ -44,20 +44,39 @@ class LoadedModel:
         """sha256 of manifest.json."""
         return self.checkpoint.checkpoint_id
 
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        """The model's tokenizer; FAILED_PRECONDITION for an ids-only model, so every
+        RPC that needs text (Embed text, Tokenize, Detokenize, OIP text) refuses alike."""
+        if self.text_tokenizer is None:
+            raise FailedPrecondition(f"model {self.name!r} was imported without a tokenizer "
+                                     f"(ids-only): send token_ids, not text")
+        return self.text_tokenizer
+
 
 def load_model(name: str, version_dir: Path, device: torch.device,
-               table_dtype: torch.dtype) -> LoadedModel:
-    """Verify and load one version directory (CheckpointError/ValueError when invalid)."""
+               table_dtype: torch.dtype | None) -> LoadedModel:
+    """Verify and load one version directory (CheckpointError/ValueError when invalid).
+
+    ``table_dtype`` None keeps the stored dtype (the tables stay memory maps on CPU).
+    """
     ckpt = read_checkpoint(version_dir)
     m = ckpt.manifest
-    tokenizer = load_tokenizer(m.tokenizer, ckpt.tokenizer_path)
-    if tokenizer.n_vocab != m.vocab_size:
-        raise CheckpointError(f"{version_dir}: tokenizer has {tokenizer.n_vocab} tokens, "
-                              f"manifest vocab_size is {m.vocab_size}")
+    tokenizer = None
+    if m.tokenizer is not None and ckpt.tokenizer_path is not None:
+        tokenizer = load_text_tokenizer(m.tokenizer, ckpt.tokenizer_path)
+        # tiktoken: its n_vocab is the vocabulary. A tokenizer.json may cover fewer ids
+        # than the model's rows (Qwen2 pads its table), never more.
+        bad = (tokenizer.n_vocab > m.vocab_size if m.tokenizer.kind == "hf"
+               else tokenizer.n_vocab != m.vocab_size)
+        if bad:
+            raise CheckpointError(f"{version_dir}: tokenizer has {tokenizer.n_vocab} tokens, "
+                                  f"manifest vocab_size is {m.vocab_size}")
     position_table = ckpt.position_table
     if m.position == "sinusoidal":
         position_table = sinusoidal_table(m.max_seq_len, m.dim)  # (max_seq_len, C)
-    tables = EmbeddingTables(ckpt.token_table, position_table, device, table_dtype)
+    tables = EmbeddingTables(ckpt.token_table, position_table, device, table_dtype,
+                             m.rules, ckpt.rule_tensors)
     untrained = None if ckpt.row_updates is None else ckpt.row_updates == 0  # (rows,)
     return LoadedModel(name, int(version_dir.name), ckpt, tokenizer, tables, untrained)
 
@@ -76,7 +95,7 @@ def parse_pins(spec: str) -> dict[str, int]:
 class Repository:
     """Loaded models by name; ``refresh`` (re)scans the directory."""
 
-    def __init__(self, root: Path, device: torch.device, table_dtype: torch.dtype,
+    def __init__(self, root: Path, device: torch.device, table_dtype: torch.dtype | None,
                  default_model: str = "", pins: dict[str, int] | None = None,
                  on_load: Callable[[str, int, str], None] | None = None) -> None:
         self.root = Path(root)
@@ -172,10 +191,12 @@ class Repository:
             self._refused.pop(version_dir, None)
             self._reasons.pop(version_dir, None)
             log.info("loaded model=%s version=%d checkpoint_id=%s dim=%d vocab_size=%d "
-                     "max_seq_len=%d position=%s device=%s", name, version,
+                     "max_seq_len=%d position=%s family=%s rules=%s device=%s", name, version,
                      model.checkpoint_id[:16], model.tables.dim,
                      model.checkpoint.manifest.vocab_size, model.checkpoint.manifest.max_seq_len,
-                     model.checkpoint.manifest.position, self.device)
+                     model.checkpoint.manifest.position,
+                     model.checkpoint.manifest.family or "-",
+                     model.checkpoint.manifest.rules.describe(), self.device)
             if self._on_load:
                 self._on_load(name, version, "ok")
             return model

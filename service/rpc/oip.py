@@ -11,7 +11,9 @@ ModelInfer tensors (what ModelMetadata describes):
            sequence's length are zero)
   request parameters: ``start_position`` (int64), ``compose`` ("token_plus_position" |
   "token_only" | "position_only"), ``datatype`` ("FP32" | "FP16" | "BF16"), ``truncate``
-  ("none" | "right" | "left"), ``allow_special_tokens`` (bool).
+  ("none" | "right" | "left"), ``allow_special_tokens`` (bool), ``add_special_tokens``
+  (bool; absent = the model's default, as AutoTokenizer applies it).
+ModelMetadata also carries ``parameters``: family, rules, tokenizer, hidden_size.
 Shared memory (Triton's system shared-memory extension): the ``embeddings`` output's
 ``shared_memory_region`` / ``shared_memory_offset`` / ``shared_memory_byte_size``
 parameters put the [B, T, C] rows in a registered region instead of the response.
@@ -95,12 +97,22 @@ class OipFront:
         """The model's tensors: exactly what ModelInfer takes and returns."""
         model = self.engine.model(request.name, _version(request.version))
         meta = oip.ModelMetadataResponse.TensorMetadata
-        return oip.ModelMetadataResponse(
+        response = oip.ModelMetadataResponse(
             name=model.name, versions=[str(model.version)], platform="embedding",
             inputs=[meta(name="input_ids", datatype="INT64", shape=[-1, -1]),
                     meta(name="text", datatype="BYTES", shape=[-1])],
-            outputs=[meta(name="embeddings", datatype="FP32", shape=[-1, -1, model.tables.dim]),
+            outputs=[meta(name="embeddings", datatype="FP32",
+                          shape=[-1, -1, model.tables.width]),
                      meta(name="sequence_lengths", datatype="INT64", shape=[-1])])
+        m = model.checkpoint.manifest
+        tok = m.tokenizer
+        p = response.parameters
+        p["family"].string_param = m.family
+        p["rules"].string_param = m.rules.describe()
+        p["tokenizer"].string_param = "none (ids-only)" if tok is None else (
+            f"{tok.kind}:{tok.file}")
+        p["hidden_size"].int64_param = m.width
+        return response
 
     async def RepositoryIndex(self, request: oip.RepositoryIndexRequest,
                               call: Call) -> oip.RepositoryIndexResponse:
@@ -121,11 +133,12 @@ class OipFront:
         inputs = read_input(request, params["start_position"])
         options = Options(request.model_name, _version(request.model_version),
                           params["compose"], dtype, params["truncate"],
-                          params["allow_special_tokens"], in_message=shm is None)
+                          params["allow_special_tokens"], params["add_special_tokens"],
+                          in_message=shm is None)
         admission = await self.engine.admit(options, inputs)
         model = admission.model
         lengths = admission.lengths
-        B, T, C = len(lengths), max(lengths), model.tables.dim
+        B, T, C = len(lengths), max(lengths), admission.dim
         out = oip.ModelInferResponse.InferOutputTensor
         fields = oip.ModelInferResponse(
             model_name=model.name, model_version=str(model.version), id=request.id,

@@ -39,9 +39,11 @@ def _value(p: oip.InferParameter) -> Any:
 
 
 def request_parameters(request: oip.ModelInferRequest) -> dict[str, Any]:
-    """``start_position``, ``compose``, ``truncate``, ``allow_special_tokens`` (and the
-    raw ``datatype``), with defaults; unknown names are refused, not silently ignored."""
-    known = {"start_position", "compose", "truncate", "allow_special_tokens", "datatype"}
+    """``start_position``, ``compose``, ``truncate``, ``allow_special_tokens``,
+    ``add_special_tokens`` (and the raw ``datatype``), with defaults; unknown names are
+    refused, not silently ignored."""
+    known = {"start_position", "compose", "truncate", "allow_special_tokens", "datatype",
+             "add_special_tokens"}
     raw = {k: _value(v) for k, v in request.parameters.items() if k not in _IGNORED}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -55,6 +57,9 @@ def request_parameters(request: oip.ModelInferRequest) -> dict[str, Any]:
             "compose": _choice(raw, "compose", _COMPOSE, "token_plus_position"),
             "truncate": _choice(raw, "truncate", _TRUNCATE, "none"),
             "allow_special_tokens": _flag(raw, "allow_special_tokens"),
+            # None (absent): the model's default, as AutoTokenizer applies it
+            "add_special_tokens": (None if "add_special_tokens" not in raw
+                                   else _flag(raw, "add_special_tokens")),
             "datatype": raw.get("datatype")}
 
 
