@@ -173,7 +173,7 @@ build() {  # build FILE TAG [build args...]: prints the build's own output, then
   local file="$1" tag="$2" ts
   shift 2
   ts=$(date +%s)
-  # The classic builder: BuildKit would fetch the `# syntax` frontend image from a registry.
+  # The classic builder: Debian's docker.io has no buildx plugin (BuildKit would need it).
   DOCKER_BUILDKIT=0 docker build --network host --pull=false --label "$LABEL" \
     -f "$file" -t "$tag" --build-arg "PYTHON_IMAGE=$BASE" "$@" "$WORK/src"
   BUILD_S=$(( $(date +%s) - ts ))

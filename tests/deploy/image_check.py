@@ -182,13 +182,23 @@ def static_checks(report: Report, image: str, kind: str) -> None:
 
     def lean() -> str:
         script = ("for c in gcc cc c++ g++ clang make ld as; do command -v $c; done; "
-                  "for d in /app/tests /app/.git /app/models /app/.tools /app/.mypy_cache; do "
-                  "[ -e $d ] && echo $d; done; "
-                  "find /app -name '*.pyc' -path '*/tests/*' | head -n 3")
-        out = docker("run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c",
-                     script).stdout.split()
+                  "for d in /app/tests /app/.git /app/models /app/.tools /app/.mypy_cache "
+                  "/app/bench/results /root/.cache /tmp/pip*; do [ -e $d ] && echo $d; done; "
+                  "true")
+        out = docker("run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "sh",
+                     image, "-c", script).stdout.split()
         assert out == [], f"found in the image: {out}"
-        return "no compiler (gcc cc c++ g++ clang make ld as), no tests/.git/models/.tools"
+        return ("no compiler (gcc cc c++ g++ clang make ld as), no tests/.git/models/.tools, "
+                "no pip cache")
+
+    def breakdown() -> str:
+        script = ("du -sm /app/.venv/lib/python3*/site-packages/torch /app/.venv /app /usr "
+                  "2>/dev/null")
+        out = docker("run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "sh",
+                     image, "-c", script).stdout.split()
+        sizes = {path: int(mb) for mb, path in zip(out[::2], out[1::2])}
+        report.figures["size_mb"] = sizes
+        return ", ".join(f"{path} {mb} MB" for path, mb in sizes.items())
 
     def venv() -> str:
         cfg = docker("run", "--rm", "--network", "none", "--entrypoint", "cat", image,
@@ -210,6 +220,7 @@ def static_checks(report: Report, image: str, kind: str) -> None:
     report.attempt("image user is the non-root uid", user)
     report.attempt("lean: nothing but the runtime", lean)
     report.attempt("venv made in the image", venv)
+    report.attempt("size breakdown (du)", breakdown)
     report.attempt(f"{kind} torch build", torch_build)
 
 
