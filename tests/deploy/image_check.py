@@ -192,8 +192,8 @@ def static_checks(report: Report, image: str, kind: str) -> None:
                 "no pip cache")
 
     def breakdown() -> str:
-        script = ("du -sm /app/.venv/lib/python3*/site-packages/torch /app/.venv /app /usr "
-                  "2>/dev/null")
+        script = ("for d in /app/.venv/lib/python3*/site-packages/torch /app/.venv /app /usr; "
+                  "do du -sm $d 2>/dev/null; done")  # one du each: du counts a file once
         out = docker("run", "--rm", "--network", "none", "--user", "0", "--entrypoint", "sh",
                      image, "-c", script).stdout.split()
         sizes = {path: int(mb) for mb, path in zip(out[::2], out[1::2])}
