@@ -24,6 +24,10 @@ test: setup      ## test tools (promtool, k8s validators; no network once there)
 	@scripts/install_k8s_tools.sh >/dev/null
 	@$(PY) -m pytest -q
 
+.PHONY: image-test
+image-test: setup  ## build the images from a clean clone (Docker), run the CPU one as docs/deploy.md says
+	@scripts/image_test.sh
+
 fuzz: setup      ## the server fuzz tests at length (CI runs a short, fixed profile)
 	@HYPOTHESIS_PROFILE=long $(PY) -m pytest -q --timeout=0 tests/service/test_fuzz.py
 

@@ -107,6 +107,7 @@ class Repository:
         self._models: dict[str, LoadedModel] = {}
         self._refused: dict[Path, float] = {}  # version dir -> mtime when it was refused
         self._reasons: dict[Path, str] = {}  # version dir -> why it was refused
+        self._unreadable_dirs: set[Path] = set()  # directories already logged as unlistable
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -142,9 +143,17 @@ class Repository:
             return []
         models = self._models
         rows = []
-        for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+        try:
+            model_dirs = sorted(p for p in self.root.iterdir() if p.is_dir())
+        except PermissionError:
+            return []
+        for model_dir in model_dirs:
             loaded = models.get(model_dir.name)
-            for version in list_versions(model_dir):
+            try:
+                versions = list_versions(model_dir)
+            except PermissionError:
+                continue
+            for version in versions:
                 reason = self._reasons.get(model_dir / str(version))
                 if loaded is not None and loaded.version == version:
                     rows.append((model_dir.name, version, "READY", ""))
@@ -159,12 +168,27 @@ class Repository:
         if not self.root.is_dir():
             return []
         loaded: list[LoadedModel] = []
-        for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            candidate = self._load_newest(model_dir)
+        try:
+            model_dirs = sorted(p for p in self.root.iterdir() if p.is_dir())
+        except PermissionError as e:
+            self._log_unreadable(e, self.root)
+            return []
+        for model_dir in model_dirs:
+            try:
+                candidate = self._load_newest(model_dir)
+            except PermissionError as e:  # the model directory itself cannot be listed
+                self._log_unreadable(e, model_dir)
+                continue
             if candidate is not None:
                 self._models = {**self._models, candidate.name: candidate}
                 loaded.append(candidate)
         return loaded
+
+    def _log_unreadable(self, e: PermissionError, path: Path) -> None:
+        """One error line per unreadable directory (not one per poll)."""
+        if path not in self._unreadable_dirs:
+            self._unreadable_dirs.add(path)
+            log.error("cannot scan %s: %s", path, unreadable_message(e, path))
 
     def _load_newest(self, model_dir: Path) -> LoadedModel | None:
         name = model_dir.name
@@ -182,9 +206,11 @@ class Repository:
             try:
                 model = load_model(name, version_dir, self.device, self.table_dtype)
             except (CheckpointError, ValueError, OSError) as e:
+                denied = _permission_error(e)
+                reason = unreadable_message(denied, version_dir) if denied else str(e)
                 self._refused[version_dir] = mtime
-                self._reasons[version_dir] = str(e)
-                log.error("refused model=%s version=%d: %s", name, version, e)
+                self._reasons[version_dir] = reason
+                log.error("refused model=%s version=%d: %s", name, version, reason)
                 if self._on_load:
                     self._on_load(name, version, "error")
                 continue
@@ -201,6 +227,30 @@ class Repository:
                 self._on_load(name, version, "ok")
             return model
         return None
+
+
+def _permission_error(e: BaseException | None) -> PermissionError | None:
+    """The PermissionError behind ``e`` (itself, or the OSError a reader wrapped)."""
+    while e is not None:
+        if isinstance(e, PermissionError):
+            return e
+        e = e.__cause__
+    return None
+
+
+def unreadable_message(e: PermissionError, where: Path) -> str:
+    """A plain refusal for a file or directory this process may not read: which path, as
+    which uid/gid, who owns it with which mode, and what to change (no traceback)."""
+    path = Path(e.filename) if e.filename else where
+    try:
+        st = path.stat()
+        owner = f"owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o}"
+    except OSError:
+        owner = "its owner and mode cannot be read either"
+    return (f"permission denied reading {path} as uid {os.getuid()} gid {os.getgid()} "
+            f"({owner}); make the repository readable by the server: files 0644 and "
+            f"directories 0755 (chmod -R a+rX {where}), or give it the server's group "
+            f"(gid {os.getgid()}, Kubernetes fsGroup) with group read; see docs/deploy.md")
 
 
 def _tree_mtime(path: Path) -> float:

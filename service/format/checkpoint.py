@@ -61,6 +61,10 @@ TOKENIZER_FILE = "tokenizer.tiktoken"
 ROW_UPDATES_FILE = "row_updates.safetensors"
 MODEL_FILE = "model.safetensors"
 POSITION_KINDS = ("learned", "sinusoidal", "none")
+# Modes of what write_checkpoint writes: a version is readable by every user (the server runs
+# as another uid than the writer: the image's 10001, a training pod, a CI job).
+FILE_MODE = 0o644
+DIR_MODE = 0o755
 
 
 
@@ -288,6 +292,14 @@ def next_version(model_dir: Path) -> int:
     return versions[-1] + 1 if versions else 1
 
 
+def _make_readable_dirs(path: Path) -> None:
+    """``mkdir -p`` whose new directories are DIR_MODE whatever the umask."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    for p in reversed(missing):
+        os.chmod(p, DIR_MODE)
+
+
 def write_checkpoint(
     version_dir: Path,
     *,
@@ -335,7 +347,7 @@ def write_checkpoint(
     if dtype is None:
         raise ValueError(f"token_table dtype {token_table.dtype} not supported")
 
-    version_dir.parent.mkdir(parents=True, exist_ok=True)
+    _make_readable_dirs(version_dir.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version_dir.name}.tmp-", dir=version_dir.parent))
     try:
         tables = {"token_embedding": token_table.detach().contiguous().cpu()}
@@ -366,9 +378,12 @@ def write_checkpoint(
                             rules=rules, hidden_size=hidden_size)
         (tmp / MANIFEST_FILE).write_bytes(manifest.to_json())
         for p in tmp.iterdir():  # durable before it becomes visible
+            # Readable by any user who can reach the repository (a server with another uid,
+            # a shared volume), whatever the writer's umask or safetensors' own 0600.
+            os.chmod(p, FILE_MODE)
             with p.open("rb") as f:
                 os.fsync(f.fileno())
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, DIR_MODE)
         os.rename(tmp, version_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
