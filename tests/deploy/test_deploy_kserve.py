@@ -215,7 +215,7 @@ def test_documented_grpc_request_is_accepted_by_the_oip_face() -> None:
     assert request.model_name == "gpt2"
     assert request_parameters(request) == {
         "start_position": 7, "compose": pb.COMPOSE_TOKEN_ONLY, "truncate": pb.TRUNCATE_NONE,
-        "allow_special_tokens": False, "datatype": "FP32"}
+        "allow_special_tokens": False, "add_special_tokens": None, "datatype": "FP32"}
     (seq,) = read_input(request, 7)
     assert [int(i) for i in seq.ids] == [464, 3797, 11114, 284, 262]
     assert seq.start_position == 7
