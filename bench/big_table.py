@@ -134,7 +134,8 @@ def _serve(repo: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, target
 
 
-def _throughput(target: str, model: str, rows: int, dtype: int, n: int) -> dict[str, float]:
+def _throughput(target: str, model: str, rows: int, dtype: pb.DType,
+                n: int) -> dict[str, float]:
     """One client, Embed T=1024 back to back: median latency and tokens/s."""
     rng = np.random.default_rng(1)
     requests = [pb.EmbedRequest(model=model, dtype=dtype, token_ids=pb.TokenIds(
