@@ -131,7 +131,16 @@ def _info(client: EmbeddingClient, args: argparse.Namespace) -> None:
     print(f"vocab_size {m.vocab_size}  table_rows {m.table_rows}  dim {m.dim}  "
           f"max_seq_len {m.max_seq_len}  position {m.position}")
     print(f"storage_dtype {m.storage_dtype}  device {m.device}")
-    print(f"tokenizer {m.tokenizer.encoding}  {m.tokenizer.file}  sha256 {m.tokenizer.sha256}")
+    if m.has_tokenizer:
+        kind = m.tokenizer.kind or "tiktoken"
+        print(f"tokenizer {kind} {m.tokenizer.encoding}  {m.tokenizer.file}  "
+              f"sha256 {m.tokenizer.sha256}")
+    else:
+        print("tokenizer none (ids-only: text requests are refused)")
+    # family "" = trained by this project's job; hidden_size differs from dim for OPT's
+    # project_in (token-only rows have dim columns, the default compose hidden_size).
+    print(f"family {m.family or '-'}  rules {m.rules or 'none'}  "
+          f"hidden_size {m.hidden_size or m.dim}")
     print(f"limits  max_tokens_per_request {m.max_tokens_per_request}  "
           f"max_text_bytes {m.max_text_bytes}  max_message_bytes {m.max_message_bytes}")
     rows = f"{m.untrained_rows} untrained rows" if m.has_row_updates else "no row statistics"
