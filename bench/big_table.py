@@ -10,7 +10,8 @@ repository; each is served by a real server process (``python -m service``) and 
     cache), against the 2 s target;
   * resident memory of the serving process after traffic: RSS against table + 300 MB
     (a bf16 table stays a memory map: only gathered rows are resident);
-  * T=1024 tokens/s and latency of one client sending Embed requests back to back: the
+  * T=1024 tokens/s and latency of one client sending Embed requests back to back (the
+    server with scripts/serve.sh's GLIBC_TUNABLES): the
     Llama table in bf16 (gathered straight into the bf16 response, never widened), the
     GPT-2 table in fp32 (gather + position add) and bf16.
 Prints a table and writes bench/results/big_table.json.
@@ -89,8 +90,13 @@ def _free_port() -> int:
         return port
 
 
+# scripts/serve.sh's malloc settings: without them glibc hands each multi-MB response
+# buffer back to the OS and faults it in again per request (docs/performance.md).
+GLIBC_TUNABLES = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=536870912"
+
+
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    return {**os.environ, "PYTHONPATH": str(ROOT), "GLIBC_TUNABLES": GLIBC_TUNABLES}
 
 
 def _startup(repo: Path) -> float:
