@@ -85,6 +85,8 @@ def _embed(client: EmbeddingClient, args: argparse.Namespace) -> None:
                "start_position": args.start_position, "compose": args.compose,
                "dtype": args.dtype, "truncate": args.truncate,
                "allow_special_tokens": args.allow_special_tokens}
+    if args.add_special_tokens is not None:  # absent: the model's default (e.g. BOS)
+        options["add_special_tokens"] = args.add_special_tokens
     if not args.shm:
         e = client.embed(args.text, args.ids, **options)
         _show(e, args)
@@ -183,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--start-position", type=int, default=0)
     e.add_argument("--compose", choices=list(COMPOSE), default="token+position")
     e.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    e.add_argument("--add-special-tokens", action=argparse.BooleanOptionalAction,
+                   default=None, help="add (or omit) the model's BOS/EOS; default: "
+                   "the model's own default")
     e.add_argument("--truncate", choices=list(TRUNCATE), default="none")
     e.add_argument("--allow-special-tokens", action="store_true")
     e.add_argument("--out", help="save the array here with np.save (.npy)")
