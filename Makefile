@@ -41,6 +41,7 @@ bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/resu
 	@$(PY) -m bench.scaling
 	@$(PY) -m bench.footprint
 	@$(PY) -m bench.overload
+	@$(PY) -m bench.big_table
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
