@@ -256,3 +256,18 @@ def test_embedctl_add_special_tokens_flag(
         assert cli_main([*t, *flag]) == 0
         lines = capsys.readouterr().out.splitlines()
         assert f"token_ids {auto(TEXTS[0], add_special_tokens=add)['input_ids']}" in lines
+
+
+def test_tokenize_returns_each_tokens_bytes(
+        tok_server: tuple[ServerHandle, dict[str, Path], dict[str, Any]]) -> None:
+    """Byte-level tokens carry raw bytes (a CJK character or emoji may span tokens): their
+    concatenation is the text's UTF-8, and Detokenize gives the text back."""
+    handle, _, _ = tok_server
+    with EmbeddingClient(handle.target) as c:
+        for text in TEXTS[:7]:
+            ids, tokens = c.tokenize(text, model="gpt2")
+            assert b"".join(tokens) == text.encode(), text
+            assert c.detokenize(ids, model="gpt2") == text
+        ids, tokens = c.tokenize("a cat", model="llama3")
+    assert tokens[0] == b"<|begin_of_text|>"
+    assert b"".join(tokens[1:]) == b"a cat"
