@@ -46,6 +46,7 @@ bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/resu
 	@$(PY) -m bench.scaling
 	@$(PY) -m bench.footprint
 	@$(PY) -m bench.overload
+	@$(PY) -m bench.big_table
 
 bench-smoke: setup  ## every serving-bench path once at tiny sizes (seconds; bench/results/quick/)
 	@$(PY) -m bench --quick --out bench/results/quick

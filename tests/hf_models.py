@@ -6,6 +6,7 @@ and would hide a missing weight or bias), then saved with ``save_pretrained`` (s
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ FAMILY_MODELS: dict[str, tuple[Callable[[Any], Any], Any]] = {
                                          intermediate_size=32,
                                          max_position_embeddings=MAX_POS, **_LAYERS)),
 }
-# Families whose hidden_states[0] depends on position_ids (a learned table).
+# Families whose hidden_states[0] depends on position_ids (a learned table); the others
+# are given position_ids too, and their hidden_states[0] must not depend on them.
 LEARNED = {"gpt2", "opt", "opt-proj", "bert"}
 
 
@@ -77,7 +79,7 @@ def reference(model: Any, name: str, ids: list[int], start: int) -> tuple[torch.
     """The oracle: (hidden_states[0] at positions start.., get_input_embeddings()(ids))."""
     x = torch.tensor([ids])  # (1, T)
     kwargs: dict[str, Any] = {"output_hidden_states": True}
-    if name in LEARNED:
+    if "position_ids" in inspect.signature(model.forward).parameters:  # not BLOOM (ALiBi)
         kwargs["position_ids"] = torch.arange(start, start + len(ids)).unsqueeze(0)  # (1, T)
     with torch.no_grad():
         hidden = model(input_ids=x, **kwargs).hidden_states[0][0]  # (T, C)

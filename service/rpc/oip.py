@@ -36,6 +36,7 @@ from service.rpc import codec
 from service.rpc.frame import Call, Frame
 from service.rpc.oip_tensors import (
     DATATYPES,
+    model_parameters,
     output_dtype,
     read_input,
     request_parameters,
@@ -104,14 +105,7 @@ class OipFront:
             outputs=[meta(name="embeddings", datatype="FP32",
                           shape=[-1, -1, model.tables.width]),
                      meta(name="sequence_lengths", datatype="INT64", shape=[-1])])
-        m = model.checkpoint.manifest
-        tok = m.tokenizer
-        p = response.parameters
-        p["family"].string_param = m.family
-        p["rules"].string_param = m.rules.describe()
-        p["tokenizer"].string_param = "none (ids-only)" if tok is None else (
-            f"{tok.kind}:{tok.file}")
-        p["hidden_size"].int64_param = m.width
+        model_parameters(response.parameters, model.checkpoint.manifest)
         return response
 
     async def RepositoryIndex(self, request: oip.RepositoryIndexRequest,

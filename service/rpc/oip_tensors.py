@@ -16,9 +16,10 @@ from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.dtypes import BY_OIP, BY_WIRE
 from service.engine.admission import Input
 from service.errors import InvalidArgument
+from service.format.checkpoint import Manifest
 
-__all__ = ["DATATYPES", "output_dtype", "read_input", "request_parameters",
-           "requested_outputs"]
+__all__ = ["DATATYPES", "model_parameters", "output_dtype", "read_input",
+           "request_parameters", "requested_outputs"]
 
 DATATYPES: dict[int, str] = {wire: d.oip for wire, d in BY_WIRE.items()}  # the OIP names
 _DTYPE_OF = {name: d.wire for name, d in BY_OIP.items()}
@@ -198,3 +199,14 @@ def _split_bytes(raw: bytes, count: int) -> list[bytes]:
         if len(items) > count:
             break
     return items
+
+
+def model_parameters(params: Any, m: Manifest) -> None:
+    """ModelMetadata's ``parameters`` (an extension field): family, rules, tokenizer and
+    the default compose's width, as the native ModelInfo states them."""
+    tok = m.tokenizer
+    params["family"].string_param = m.family
+    params["rules"].string_param = m.rules.describe()
+    params["tokenizer"].string_param = ("none (ids-only)" if tok is None
+                                        else f"{tok.kind}:{tok.file}")
+    params["hidden_size"].int64_param = m.width

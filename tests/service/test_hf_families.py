@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from client import EmbeddingClient, EmbeddingError
+from client.cli import main as cli_main
 from service.server import ServerHandle
 from tests.hf_models import FAMILY_MODELS, HIDDEN, LEARNED, MAX_POS, VOCAB, build, reference, save
 from tests.tiny_model import start
@@ -201,3 +202,13 @@ def test_bert_bf16_rounds_at_every_step(hf_server: tuple[ServerHandle, dict[str,
     models["bert-bf16"].to(torch.bfloat16)  # .float() converted it in place
     assert torch.equal(served, hidden.float())
     assert not torch.equal(served, once.bfloat16().float())
+
+
+def test_embedctl_info_shows_family_rules_tokenizer(
+        hf_server: tuple[ServerHandle, dict[str, Any]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    handle, _ = hf_server
+    assert cli_main(["--target", handle.target, "info", "--model", "opt-proj"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "tokenizer none (ids-only: text requests are refused)" in lines
+    assert f"family opt  rules position_offset=2, project_in  hidden_size {HIDDEN}" in lines

@@ -17,6 +17,7 @@ import transformers as tf
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from client import EmbeddingClient
+from client.cli import main as cli_main
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
 from service.engine.repository import load_model
@@ -243,3 +244,30 @@ def test_auto_tokenizer_wins(make: Any, patch: dict[str, Any], cls: str,
     assert any(raw.encode(t).ids != auto(t)["input_ids"] for t in TEXTS)  # they do differ
     for text in TEXTS:
         assert served.encode(text, allow_special_tokens=True) == auto(text)["input_ids"]
+
+
+def test_embedctl_add_special_tokens_flag(
+        tok_server: tuple[ServerHandle, dict[str, Path], dict[str, Any]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    handle, dirs, _ = tok_server
+    auto = tf.AutoTokenizer.from_pretrained(dirs["llama3"])
+    t = ["--target", handle.target, "embed", TEXTS[0], "--model", "llama3"]
+    for flag, add in ((), True), (("--no-add-special-tokens",), False):
+        assert cli_main([*t, *flag]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert f"token_ids {auto(TEXTS[0], add_special_tokens=add)['input_ids']}" in lines
+
+
+def test_tokenize_returns_each_tokens_bytes(
+        tok_server: tuple[ServerHandle, dict[str, Path], dict[str, Any]]) -> None:
+    """Byte-level tokens carry raw bytes (a CJK character or emoji may span tokens): their
+    concatenation is the text's UTF-8, and Detokenize gives the text back."""
+    handle, _, _ = tok_server
+    with EmbeddingClient(handle.target) as c:
+        for text in TEXTS[:7]:
+            ids, tokens = c.tokenize(text, model="gpt2")
+            assert b"".join(tokens) == text.encode(), text
+            assert c.detokenize(ids, model="gpt2") == text
+        ids, tokens = c.tokenize("a cat", model="llama3")
+    assert tokens[0] == b"<|begin_of_text|>"
+    assert b"".join(tokens[1:]) == b"a cat"
