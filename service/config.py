@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -125,7 +125,7 @@ def parse_config(argv: Sequence[str] | None = None,
     """Flags, then ``EMBED_*`` environment variables, then the dataclass defaults."""
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="python -m service",
-                                     description="Serve input embeddings over gRPC.")
+                                     description="Serve input embeddings over gRPC and HTTP.")
     defaults = ServerConfig()
     for f in fields(ServerConfig):
         default = getattr(defaults, f.name)
@@ -135,20 +135,20 @@ def parse_config(argv: Sequence[str] | None = None,
                                 action=argparse.BooleanOptionalAction,
                                 help=f"(env {env_name}=1|0; default {default!s})")
             continue
-        kind = type(default)
-        parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None,
+        parser.add_argument(_flag(f.name), dest=f.name, type=type(default), default=None,
                             help=f"(env {env_name}; default {default!s})")
     ns = parser.parse_args(argv)
     values: dict[str, object] = {}
     for f in fields(ServerConfig):
-        kind = _env_bool if _is_bool(f.type) else type(getattr(defaults, f.name))
+        kind: Callable[[str], object] = (_env_bool if _is_bool(f.type)
+                                         else type(getattr(defaults, f.name)))
         value = getattr(ns, f.name)
         if value is None and ("EMBED_" + f.name.upper()) in env:
             raw = env["EMBED_" + f.name.upper()]
             try:
                 value = kind(raw)
             except ValueError:
-                name = "bool (1|0)" if kind is _env_bool else kind.__name__
+                name = getattr(kind, "__name__", "") if kind is not _env_bool else "bool (1|0)"
                 parser.error(f"EMBED_{f.name.upper()}={raw!r} is not a valid {name}")
         if value is not None:
             values[f.name] = value

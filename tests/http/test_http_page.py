@@ -132,3 +132,17 @@ def test_when_the_page_is_served(tiny_repo: Path, settings: dict[str, object],
             401 if "auth_token" in settings else 200)
     finally:
         handle.stop()
+
+
+def test_ui_and_http_port_flags() -> None:
+    from service.config import parse_config
+
+    assert (parse_config([]).http_port, parse_config([]).ui) == (8000, None)
+    assert parse_config(["--no-ui"]).ui is False
+    assert parse_config(["--ui"]).ui is True
+    assert parse_config([], {"EMBED_UI": "0"}).ui is False
+    assert parse_config([], {"EMBED_UI": "true"}).ui is True
+    assert parse_config(["--no-ui"], {"EMBED_UI": "1"}).ui is False  # the flag wins
+    assert parse_config([], {"EMBED_HTTP_PORT": "-1"}).http_port == -1
+    with pytest.raises(SystemExit):
+        parse_config([], {"EMBED_UI": "maybe"})
