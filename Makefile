@@ -19,8 +19,9 @@ model: setup-runtime  ## train the embedded default model if models/ has none
 run: model       ## serve models/ on 127.0.0.1:50051, metrics on :9464
 	@scripts/serve.sh --model-repository models --host 127.0.0.1 --grpc-port 50051 --metrics-port 9464
 
-test: setup      ## test tools (promtool, k8s validators; no network once there), then the whole suite
+test: setup      ## test tools (promtool, chromium, k8s validators; no network once there), then the whole suite
 	@scripts/install_promtool.sh
+	@scripts/install_chromium.sh
 	@scripts/install_k8s_tools.sh >/dev/null
 	@$(PY) -m pytest -q
 

@@ -31,12 +31,13 @@ from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.dtypes import BY_WIRE
 from service.engine.admission import Options
 from service.engine.engine import Engine
-from service.errors import EmbedError, InvalidArgument
+from service.errors import EmbedError
 from service.rpc import codec
 from service.rpc.frame import Call, Frame
 from service.rpc.oip_tensors import (
     DATATYPES,
     model_parameters,
+    model_version,
     output_dtype,
     read_input,
     request_parameters,
@@ -206,11 +207,5 @@ def _labels(rpc: str, request: Any) -> tuple[str, str]:
     return "", ""
 
 
-def _version(text: str) -> int:
-    """OIP versions are strings: "" = newest; otherwise a positive integer."""
-    if not text:
-        return 0
-    if not text.isdigit() or int(text) <= 0:
-        raise InvalidArgument(f"model_version={text!r} must be empty or a positive integer")
-    return int(text)
+_version = model_version  # "" = newest; otherwise a positive integer (shared with REST)
 

@@ -7,6 +7,7 @@ or an ``InvalidArgument`` naming the tensor, parameter and limit.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,8 @@ from service.engine.admission import Input
 from service.errors import InvalidArgument
 from service.format.checkpoint import Manifest
 
-__all__ = ["DATATYPES", "model_parameters", "output_dtype", "read_input",
+__all__ = ["DATATYPES", "ONE_INPUT", "datatype", "model_parameters", "model_version",
+           "output_dtype", "output_names", "parameters", "read_input", "read_tensor",
            "request_parameters", "requested_outputs"]
 
 DATATYPES: dict[int, str] = {wire: d.oip for wire, d in BY_WIRE.items()}  # the OIP names
@@ -32,6 +34,16 @@ _ID_TYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dty
 # Set by Triton clients for scheduling; meaningless for a lookup, so accepted and ignored.
 _IGNORED = {"priority", "timeout"}
 _MAX_START = 2**32 - 1  # start_position is a uint32 in the native contract
+ONE_INPUT = "give exactly one of 'input_ids' [B, T] (INT64/INT32) or 'text' [B] (BYTES)"
+
+
+def model_version(text: str) -> int:
+    """OIP versions are strings: "" = newest; otherwise a positive integer."""
+    if not text:
+        return 0
+    if not text.isdigit() or int(text) <= 0:
+        raise InvalidArgument(f"model_version={text!r} must be empty or a positive integer")
+    return int(text)
 
 
 def _value(p: oip.InferParameter) -> Any:
@@ -40,12 +52,19 @@ def _value(p: oip.InferParameter) -> Any:
 
 
 def request_parameters(request: oip.ModelInferRequest) -> dict[str, Any]:
+    """The request's parameters, read by ``parameters``."""
+    return parameters({k: _value(v) for k, v in request.parameters.items()})
+
+
+def parameters(values: Mapping[str, Any]) -> dict[str, Any]:
     """``start_position``, ``compose``, ``truncate``, ``allow_special_tokens``,
     ``add_special_tokens`` (and the raw ``datatype``), with defaults; unknown names are
-    refused, not silently ignored."""
+    refused, not silently ignored. ``values`` are plain Python values: the gRPC form's
+    ``InferParameter``s, or the REST form's JSON ``parameters`` (its transport parameters
+    already taken out)."""
     known = {"start_position", "compose", "truncate", "allow_special_tokens", "datatype",
              "add_special_tokens"}
-    raw = {k: _value(v) for k, v in request.parameters.items() if k not in _IGNORED}
+    raw = {k: v for k, v in values.items() if k not in _IGNORED}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise InvalidArgument(f"parameters {unknown} are not known; this model takes "
@@ -82,14 +101,7 @@ def _flag(raw: dict[str, Any], name: str) -> bool:
 def requested_outputs(request: oip.ModelInferRequest) -> tuple[set[str], tuple[str, int] | None]:
     """The outputs to return (none requested = all) and the embeddings' shared-memory
     (region, offset) if it names one."""
-    names = [o.name for o in request.outputs]
-    for name in names:
-        if name not in _OUTPUTS:
-            raise InvalidArgument(f"output {name!r} is not an output of this model "
-                                  f"(outputs: {', '.join(_OUTPUTS)})")
-    wanted = set(names) if names else set(_OUTPUTS)
-    if "embeddings" not in wanted:
-        raise InvalidArgument("outputs must include 'embeddings'")
+    wanted = output_names([o.name for o in request.outputs])
     for o in request.outputs:
         if o.name == "embeddings" and "shared_memory_region" in o.parameters:
             region = _value(o.parameters["shared_memory_region"])
@@ -102,6 +114,19 @@ def requested_outputs(request: oip.ModelInferRequest) -> tuple[set[str], tuple[s
     return wanted, None
 
 
+def output_names(names: list[str]) -> set[str]:
+    """The outputs to return, by name (none named = all), each checked; ``embeddings``
+    must be among them."""
+    for name in names:
+        if name not in _OUTPUTS:
+            raise InvalidArgument(f"output {name!r} is not an output of this model "
+                                  f"(outputs: {', '.join(_OUTPUTS)})")
+    wanted = set(names) if names else set(_OUTPUTS)
+    if "embeddings" not in wanted:
+        raise InvalidArgument("outputs must include 'embeddings'")
+    return wanted
+
+
 def output_dtype(request: oip.ModelInferRequest, params: dict[str, Any]) -> int:
     """The embeddings' datatype: the output's ``datatype`` parameter, else the request's,
     else FP32."""
@@ -109,6 +134,11 @@ def output_dtype(request: oip.ModelInferRequest, params: dict[str, Any]) -> int:
     for o in request.outputs:
         if o.name == "embeddings" and "datatype" in o.parameters:
             value = _value(o.parameters["datatype"])
+    return datatype(value)
+
+
+def datatype(value: Any) -> int:
+    """A ``datatype`` parameter's value (None = FP32) as the wire dtype enum."""
     if value is None:
         return pb.DTYPE_FLOAT32
     if not isinstance(value, str) or value.upper() not in _DTYPE_OF:
@@ -121,10 +151,15 @@ def read_input(request: oip.ModelInferRequest, start_position: int) -> list[Inpu
     """The sequences of the one input tensor, ``input_ids`` [B, T] or ``text`` [B]."""
     if len(request.inputs) != 1:
         names = [t.name for t in request.inputs]
-        raise InvalidArgument(f"inputs {names}: give exactly one of 'input_ids' [B, T] "
-                              f"(INT64/INT32) or 'text' [B] (BYTES)")
+        raise InvalidArgument(f"inputs {names}: {ONE_INPUT}")
     tensor = request.inputs[0]
     raw = request.raw_input_contents[0] if request.raw_input_contents else None
+    return read_tensor(tensor, raw, start_position)
+
+
+def read_tensor(tensor: Any, raw: bytes | None, start_position: int) -> list[Input]:
+    """The sequences of one input tensor: anything with the message's ``name``,
+    ``datatype`` and ``shape`` (and ``contents`` when ``raw`` is None)."""
     if tensor.name == "input_ids":
         return _ids(tensor, raw, start_position)
     if tensor.name == "text":
