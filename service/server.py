@@ -34,6 +34,7 @@ from service.metrics import Metrics
 from service.rpc.frame import Frame
 from service.rpc.native import SERVICE_NAME, NativeFront
 from service.rpc.oip import OIP_SERVICE_NAME, OipFront
+from service.rpc.pacing import StreamBudgets
 
 __all__ = ["EmbeddingServer", "ServerHandle", "serve", "start_in_thread", "start_local"]
 
@@ -60,10 +61,13 @@ class EmbeddingServer:
         self.engine = Engine(
             self.repo, self.batcher, self.metrics,
             Limits(config.max_tokens_per_request, config.max_text_bytes,
-                   config.max_message_bytes, config.max_output_bytes), self._pool)
+                   config.max_message_bytes, config.max_output_bytes,
+                   config.max_inputs_per_request, config.max_request_text_bytes), self._pool)
         # One frame and one engine for every front: the same auth, limits, batches, regions.
         self.frame = Frame(self.engine, config.auth_token)
-        self.fronts = (NativeFront(self.engine, self.frame), OipFront(self.engine, self.frame))
+        budgets = StreamBudgets(config.max_stream_buffer_bytes, config.max_unsent_bytes)
+        self.fronts = (NativeFront(self.engine, self.frame, budgets),
+                       OipFront(self.engine, self.frame))
         self.health = health.aio.HealthServicer()
         self.tracing = tracing.setup(config)  # tracing: None (nothing at all) when off
         self.grpc_port = 0
@@ -121,8 +125,10 @@ class EmbeddingServer:
         options = [("grpc.max_send_message_length", c.max_message_bytes),
                    ("grpc.max_receive_message_length", c.max_message_bytes),
                    ("grpc.so_reuseport", 1 if c.workers > 1 else 0)]
+        # Past max_concurrent_rpcs gRPC core answers RESOURCE_EXHAUSTED itself: no Python.
         server = self._server = grpc.aio.server(
-            options=options, interceptors=tracing.interceptors(self.tracing))  # tracing
+            options=options, interceptors=tracing.interceptors(self.tracing),  # tracing
+            maximum_concurrent_rpcs=c.max_concurrent_rpcs or None)
         server.add_generic_rpc_handlers(tuple(front.handlers() for front in self.fronts))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

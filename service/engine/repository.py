@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +19,12 @@ from pathlib import Path
 import torch
 
 from service.engine.tables import EmbeddingTables
-from service.errors import NotFound, Unavailable
+from service.errors import NotFound, Unavailable, quote
 from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
 from service.format.positions import sinusoidal_table
 from service.format.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["LoadedModel", "Repository", "load_model", "parse_pins"]
+__all__ = ["LoadedModel", "Repository", "load_model", "parse_pins", "public_reason"]
 
 log = logging.getLogger("service.engine.repository")
 
@@ -60,6 +61,19 @@ def load_model(name: str, version_dir: Path, device: torch.device,
     tables = EmbeddingTables(ckpt.token_table, position_table, device, table_dtype)
     untrained = None if ckpt.row_updates is None else ckpt.row_updates == 0  # (rows,)
     return LoadedModel(name, int(version_dir.name), ckpt, tokenizer, tables, untrained)
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s'\",:;()\[\]]+")
+
+
+def public_reason(reason: str, root: Path) -> str:
+    """A refusal reason fit for clients (``RepositoryIndex``): paths inside the repository
+    become relative (``tiny/3/manifest.json: ...``) and any other absolute path becomes
+    ``<path>``; the server's own log keeps the full text."""
+    for prefix in {str(root.resolve()), str(root.absolute()), str(root)}:
+        if prefix not in (".", ""):
+            reason = reason.replace(prefix.rstrip("/") + "/", "")
+    return _ABSOLUTE_PATH.sub("<path>", reason)
 
 
 def parse_pins(spec: str) -> dict[str, int]:
@@ -109,7 +123,8 @@ class Repository:
         name = model or self.default_model
         loaded = models.get(name)
         if loaded is None:
-            raise NotFound(f"model {name!r} is not loaded (loaded: {', '.join(sorted(models))})")
+            raise NotFound(f"model {quote(name)} is not loaded "
+                           f"(loaded: {', '.join(sorted(models))})")
         if version not in (0, loaded.version):
             raise NotFound(f"version {version} of model {name!r} is not loaded "
                            f"(serving version {loaded.version})")
@@ -164,7 +179,7 @@ class Repository:
                 model = load_model(name, version_dir, self.device, self.table_dtype)
             except (CheckpointError, ValueError, OSError) as e:
                 self._refused[version_dir] = mtime
-                self._reasons[version_dir] = str(e)
+                self._reasons[version_dir] = public_reason(str(e), self.root)
                 log.error("refused model=%s version=%d: %s", name, version, e)
                 if self._on_load:
                     self._on_load(name, version, "error")

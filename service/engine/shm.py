@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from service.engine.batcher import Timing
-from service.errors import AlreadyExists, InvalidArgument, NotFound
+from service.errors import AlreadyExists, InvalidArgument, NotFound, quote
 
 __all__ = ["SHM_ROOT", "Region", "SharedMemoryRegistry", "ShmDestination"]
 
@@ -131,8 +131,8 @@ class SharedMemoryRegistry:
 
     def _path(self, key: str) -> Path:
         name = key[1:] if key.startswith("/") else key
-        if not name or "/" in name or name in (".", ".."):
-            raise InvalidArgument(f"shared-memory key {key!r} must name an object directly "
+        if not name or "/" in name or "\x00" in name or name in (".", ".."):
+            raise InvalidArgument(f"shared-memory key {quote(key)} must name an object directly "
                                   f"under {self.root} (like '/my-region'): no other '/'")
         return self.root / name
 

@@ -29,7 +29,7 @@ from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.dtypes import BY_WIRE
 from service.engine.admission import Options
 from service.engine.engine import Engine
-from service.errors import EmbedError, InvalidArgument
+from service.errors import EmbedError, InvalidArgument, quote
 from service.rpc import codec
 from service.rpc.frame import Call, Frame
 from service.rpc.oip_tensors import (
@@ -199,11 +199,17 @@ def _labels(rpc: str, request: Any) -> tuple[str, str]:
     return "", ""
 
 
+_MAX_VERSION = 2**63 - 1  # versions are int64 in the native contract
+
+
 def _version(text: str) -> int:
-    """OIP versions are strings: "" = newest; otherwise a positive integer."""
+    """OIP versions are strings: "" = newest; otherwise a positive integer in ASCII digits
+    (``str.isdigit`` also accepts "²" and other digits ``int`` refuses) within int64."""
     if not text:
         return 0
-    if not text.isdigit() or int(text) <= 0:
-        raise InvalidArgument(f"model_version={text!r} must be empty or a positive integer")
+    if not (text.isascii() and text.isdigit() and len(text) <= 19
+            and 0 < int(text) <= _MAX_VERSION):
+        raise InvalidArgument(f"model_version={quote(text, 32)} must be empty or a positive "
+                              f"integer")
     return int(text)
 
