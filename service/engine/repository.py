@@ -145,7 +145,8 @@ class Repository:
                 if loaded is not None and loaded.version == version:
                     rows.append((model_dir.name, version, "READY", ""))
                 elif reason is not None:
-                    rows.append((model_dir.name, version, "UNAVAILABLE", reason))
+                    rows.append((model_dir.name, version, "UNAVAILABLE",
+                                 public_reason(reason, self.root)))
                 else:
                     rows.append((model_dir.name, version, "AVAILABLE", "not the served version"))
         return rows
@@ -179,7 +180,7 @@ class Repository:
                 model = load_model(name, version_dir, self.device, self.table_dtype)
             except (CheckpointError, ValueError, OSError) as e:
                 self._refused[version_dir] = mtime
-                self._reasons[version_dir] = public_reason(str(e), self.root)
+                self._reasons[version_dir] = str(e)
                 log.error("refused model=%s version=%d: %s", name, version, e)
                 if self._on_load:
                     self._on_load(name, version, "error")
