@@ -7,10 +7,11 @@ import logging
 import re
 import sys
 import time
+from typing import Any
 
 from service.config import ServerConfig
 
-__all__ = ["escape_controls", "setup_logging"]
+__all__ = ["escape_controls", "formatter", "setup_logging"]
 
 
 class _JsonFormatter(logging.Formatter):
@@ -54,12 +55,22 @@ class _TextFormatter(logging.Formatter):
         record.message = escape_controls(record.message)
         return super().formatMessage(record)
 
+    def formatException(self, ei: Any) -> str:
+        # An exception's message may carry client text, newlines included: every line of
+        # the traceback starts with "  | ", which no record's first line does.
+        text = super().formatException(ei)
+        return "\n".join("  | " + escape_controls(line) for line in text.splitlines())
+
+
+def formatter(log_format: str) -> logging.Formatter:
+    """The formatter of ``--log-format``: ``json`` or ``text``."""
+    if log_format == "json":
+        return _JsonFormatter()
+    return _TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
 
 def setup_logging(config: ServerConfig) -> None:
     """Text for people, JSON for machines; INFO and up to stderr."""
     handler = logging.StreamHandler(sys.stderr)
-    if config.log_format == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(formatter(config.log_format))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
