@@ -74,15 +74,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _launch(args: argparse.Namespace, repo: Path) -> ServerProcess:
+def _launch(args: argparse.Namespace, repo: Path, queue_tokens: int | None = None
+            ) -> ServerProcess:
     port = free_port()
+    queue = args.max_queue_tokens if queue_tokens is None else queue_tokens
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
-    batch = min(args.max_queue_tokens, 16384)  # the server needs batch <= queue budget
+    batch = min(queue, 16384)  # the server needs batch <= queue budget
     argv = [sys.executable, "-m", "service", "--model-repository", str(repo / "models"),
             "--host", "127.0.0.1", "--grpc-port", str(port), "--metrics-port", "-1",
             "--device", "cpu", "--poll-seconds", "0", "--max-queue-tokens",
-            str(args.max_queue_tokens), "--max-batch-tokens", str(batch), *args.server_arg]
+            str(queue), "--max-batch-tokens", str(batch), *args.server_arg]
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "overload-server.log"
     with log.open("wb") as fh:
@@ -155,12 +157,19 @@ def run_overload(args: argparse.Namespace) -> dict[str, Any]:
         # The same concurrency with nothing to do: what client and machine cost alone.
         floors = [asyncio.run(_phase(server.target, None, c, args.warmup, args.seconds / 2))
                   for c in args.concurrency]
-        slow = None if not args.slow_readers else asyncio.run(run_slow_readers(
-            server.target, server.proc.pid, pb.EmbedRequest(token_ids=pb.TokenIds(
-                ids=[rng.randrange(VOCAB_SIZE) for _ in range(args.slow_tokens)])),
-            requests, streams=args.slow_readers, concurrency=1, seconds=args.seconds))
     finally:
         stop_servers({"service": server})
+    slow = None
+    if args.slow_readers:  # a server of its own, with the default queue budget: the row
+        server = _launch(args, repo, queue_tokens=262144)  # is about memory, not the queue
+        try:
+            wait_serving(server, 120)
+            slow = asyncio.run(run_slow_readers(
+                server.target, server.proc.pid, pb.EmbedRequest(token_ids=pb.TokenIds(
+                    ids=[rng.randrange(VOCAB_SIZE) for _ in range(args.slow_tokens)])),
+                requests, streams=args.slow_readers, concurrency=1, seconds=args.seconds))
+        finally:
+            stop_servers({"service": server})
     for phase, floor in zip(overload, floors):
         phase["floor_p50_ms"] = floor["accepted_p50_ms"]
         phase["floor_p99_ms"] = floor["accepted_p99_ms"]
