@@ -116,3 +116,52 @@ def test_paced_answers_equal_unpaced_ones(guarded: ServerHandle,
                                                               timeout=30)]
     unary = [native.Embed(r, metadata=AUTH, timeout=10).embeddings.data for r in reqs]
     assert streamed == unary
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("max_inputs_per_request", 8), ("max_request_text_bytes", 100),
+    ("max_concurrent_rpcs", 3), ("max_stream_buffer_bytes", 5), ("max_unsent_bytes", 0)])
+def test_each_limit_is_a_flag_and_an_env_variable(name: str, value: int) -> None:
+    from service.config import parse_config
+    flag = "--" + name.replace("_", "-")
+    assert getattr(parse_config([flag, str(value)], {}), name) == value
+    assert getattr(parse_config([], {"EMBED_" + name.upper(): str(value)}), name) == value
+
+
+def test_pacing_grants_in_request_order_and_skips_refused_answers() -> None:
+    """Answer 2 may not reserve before answer 1 (which is sent first), a refused answer
+    passes its turn on, and a stream holding nothing always takes one answer."""
+    import asyncio
+
+    from service.rpc.pacing import StreamBudgets
+
+    async def scenario() -> list[str]:
+        budgets = StreamBudgets(per_stream=100, total=150)
+        pacer, other = budgets.pacer(), budgets.pacer()
+        order: list[str] = []
+
+        async def answer(p: object, seq: int, n: int, tag: str) -> None:
+            await p.reserve(seq, n)  # type: ignore[attr-defined]
+            order.append(tag)
+
+        late = asyncio.ensure_future(answer(pacer, 2, 10, "2"))
+        await asyncio.sleep(0)
+        assert order == []  # its turn has not come
+        await answer(pacer, 0, 90, "0")  # holds 90 of 100
+        pacer.skip(1)  # answer 1 was refused: answer 2's turn
+        await asyncio.sleep(0)
+        assert order == ["0", "2"]  # 90 + 10 fits the stream's 100
+        big = asyncio.ensure_future(answer(pacer, 3, 60, "3"))
+        await asyncio.sleep(0)
+        assert "3" not in order  # 100 + 60 > 100: waits for the client
+        await answer(other, 0, 500, "other")  # holds nothing: one answer always goes
+        pacer.release(0)
+        pacer.release(2)  # the client read 0 and 2
+        await asyncio.wait_for(big, 1)
+        await late
+        pacer.close()
+        other.close()
+        assert budgets.held == 0
+        return order
+
+    assert asyncio.run(scenario()) == ["0", "2", "other", "3"]
