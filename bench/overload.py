@@ -14,6 +14,8 @@ client and machine cost alone). Reported per overload phase: p50/p99 of accepted
 beside the baseline's, the share refused, p50/p99 of the rejections (RESOURCE_EXHAUSTED,
 measured at the client from call to status) against the target p99 < 5 ms, and the
 floor's p99. Latencies of the first ``--warmup`` seconds of a phase are not counted.
+Then the slow-reader row (``bench.slow_reader``, ``--slow-readers`` streams that never
+read their answers, beside ordinary clients): the server's RSS growth and their latency.
 Writes ``<out>/overload.json`` and prints a row per phase.
 """
 
@@ -37,6 +39,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.model import VOCAB_SIZE, ensure_model
 from bench.servers import GLIBC_TUNABLES, ServerProcess, free_port, stop_servers, wait_serving
+from bench.slow_reader import format_row as format_slow_row
+from bench.slow_reader import run_slow_readers
 from bench.window import percentile
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
@@ -62,20 +66,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--model-cache", type=Path,
                    default=ROOT / "bench" / "results" / ".model-overload")
+    p.add_argument("--slow-readers", type=int, default=4,
+                   help="streams that never read, in the slow-reader row (0: no row)")
+    p.add_argument("--slow-tokens", type=int, default=1024, help="T of their requests")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra flag for python -m service (repeatable)")
     return p.parse_args(argv)
 
 
-def _launch(args: argparse.Namespace, repo: Path) -> ServerProcess:
+def _launch(args: argparse.Namespace, repo: Path, queue_tokens: int | None = None
+            ) -> ServerProcess:
     port = free_port()
+    queue = args.max_queue_tokens if queue_tokens is None else queue_tokens
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
-    batch = min(args.max_queue_tokens, 16384)  # the server needs batch <= queue budget
+    batch = min(queue, 16384)  # the server needs batch <= queue budget
     argv = [sys.executable, "-m", "service", "--model-repository", str(repo / "models"),
             "--host", "127.0.0.1", "--grpc-port", str(port), "--metrics-port", "-1",
             "--device", "cpu", "--poll-seconds", "0", "--max-queue-tokens",
-            str(args.max_queue_tokens), "--max-batch-tokens", str(batch), *args.server_arg]
+            str(queue), "--max-batch-tokens", str(batch), *args.server_arg]
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "overload-server.log"
     with log.open("wb") as fh:
@@ -135,7 +144,7 @@ async def _phase(target: str, requests: list[pb.EmbedRequest] | None, concurrenc
 
 def run_overload(args: argparse.Namespace) -> dict[str, Any]:
     """Start the server, run baseline then overload, stop it; write overload.json."""
-    repo = ensure_model(args.model_cache, args.dim, max(1024, args.tokens))
+    repo = ensure_model(args.model_cache, args.dim, max(1024, args.tokens, args.slow_tokens))
     rng = random.Random(0)
     requests = [pb.EmbedRequest(token_ids=pb.TokenIds(
         ids=[rng.randrange(VOCAB_SIZE) for _ in range(args.tokens)])) for _ in range(8)]
@@ -150,6 +159,17 @@ def run_overload(args: argparse.Namespace) -> dict[str, Any]:
                   for c in args.concurrency]
     finally:
         stop_servers({"service": server})
+    slow = None
+    if args.slow_readers:  # a server of its own, with the default queue budget: the row
+        server = _launch(args, repo, queue_tokens=262144)  # is about memory, not the queue
+        try:
+            wait_serving(server, 120)
+            slow = asyncio.run(run_slow_readers(
+                server.target, server.proc.pid, pb.EmbedRequest(token_ids=pb.TokenIds(
+                    ids=[rng.randrange(VOCAB_SIZE) for _ in range(args.slow_tokens)])),
+                requests, streams=args.slow_readers, concurrency=1, seconds=args.seconds))
+        finally:
+            stop_servers({"service": server})
     for phase, floor in zip(overload, floors):
         phase["floor_p50_ms"] = floor["accepted_p50_ms"]
         phase["floor_p99_ms"] = floor["accepted_p99_ms"]
@@ -163,6 +183,9 @@ def run_overload(args: argparse.Namespace) -> dict[str, Any]:
         "baseline": baseline, "overload": overload,
         "target": {"name": "rejection p99 < 5 ms", "bound_ms": TARGET_REJECT_P99_MS},
     }
+    if slow is not None:
+        slow["answer_mib"] = args.slow_tokens * args.dim * 4 / 2**20
+        report["slow_reader"] = slow
     (args.out / "overload.json").write_text(json.dumps(report, indent=1))
     return report
 
@@ -184,6 +207,8 @@ def format_rows(report: dict[str, Any]) -> str:
             f"{o['accepted_req_s']:>7.0f} {share:>8.0%} {o['rejected_p50_ms']:>8.2f} "
             f"{o['rejected_p99_ms']:>8.2f} {o['floor_p99_ms']:>9.2f}  "
             f"{'MET' if o['rejection_target_met'] else 'NOT MET'}")
+    if "slow_reader" in report:
+        lines.append(format_slow_row(report["slow_reader"], report["slow_reader"]["answer_mib"]))
     lines.append(f"(ms; baseline: 1 in flight, {b['accepted_req_s']:.0f} req/s; floor: health "
                  f"checks at the same c, no work behind them; load average {c['loadavg']} "
                  f"on {c['cpus']} CPUs)")

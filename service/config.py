@@ -73,6 +73,24 @@ class ServerConfig:
     torch_threads: int = 1
     # Pre-forked server processes sharing the port (SO_REUSEPORT) and the page cache.
     workers: int = 1
+    # --- request cost and memory bounds (docs/security.md) ---
+    # Sequences in one request (EmbedBatch inputs, OIP B); refused from the count alone,
+    # before anything is done per input. Each needs >= 1 token, so more than
+    # max_tokens_per_request can never succeed anyway.
+    max_inputs_per_request: int = 1024
+    # UTF-8 bytes of text summed over a request's inputs, refused before any is tokenized
+    # (tokenizing costs ~0.7 CPU-s per MiB): bounds one request's tokenizer time.
+    max_request_text_bytes: int = 1 << 20
+    # RPCs in flight (streams count once); past it gRPC core answers RESOURCE_EXHAUSTED
+    # without running any Python. 0 = no cap.
+    max_concurrent_rpcs: int = 512
+    # Per EmbedStream: bytes of answers finished but not yet taken by the client. Past it
+    # the stream stops reading requests until the client reads (one answer is always let
+    # through, however large).
+    max_stream_buffer_bytes: int = 16 << 20
+    # The same, summed over every stream: past it each stream holds one answer at most, so
+    # a few clients that never read cannot hold more than this between them. 0 = no cap.
+    max_unsent_bytes: int = 256 << 20
     # --- tracing (service/tracing.py) ---
     # OTLP/gRPC collector for traces, e.g. http://otel-collector:4317; "" = tracing off:
     # no exporter, no interceptor, nothing per request. The standard OTEL_EXPORTER_OTLP_*
@@ -100,6 +118,12 @@ class ServerConfig:
             raise ValueError("tls_cert and tls_key go together")
         if self.max_output_bytes < 0:
             raise ValueError("max_output_bytes must be >= 0 (0 = no separate cap)")
+        for name in ("max_inputs_per_request", "max_request_text_bytes",
+                     "max_stream_buffer_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_concurrent_rpcs < 0 or self.max_unsent_bytes < 0:
+            raise ValueError("max_concurrent_rpcs and max_unsent_bytes must be >= 0 (0 = no cap)")
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
         if not 0.0 <= self.trace_sample_ratio <= 1.0:

@@ -21,8 +21,12 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "http_status_for",
+    "quote",
     "status_for",
 ]
+
+MAX_MESSAGE_CHARS = 1024  # a status message never carries more (trailers are ~8 KiB)
+
 
 
 class EmbedError(Exception):
@@ -85,11 +89,30 @@ class Unauthenticated(EmbedError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+def quote(value: object, limit: int = 64) -> str:
+    """A client-supplied value as it may appear in a message: ``repr`` of at most ``limit``
+    characters of it (control characters escaped), then how much was left out. A 200 kB
+    model name must not become a 200 kB status (the client's trailer limit would turn the
+    answer into RESOURCE_EXHAUSTED) or a 200 kB log line."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="backslashreplace")
+    if not isinstance(value, str):  # numbers, bools: their repr, clipped the same way
+        text = repr(value)
+        return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 def status_for(exc: BaseException, request_id: str = "") -> tuple[grpc.StatusCode, str]:
-    """The status code and client-facing message for any exception."""
+    """The status code and client-facing message for any exception; the message is capped
+    at ``MAX_MESSAGE_CHARS`` whatever raised it (a net under ``quote``)."""
     if isinstance(exc, EmbedError):
-        return exc.code, str(exc)
-    suffix = f" (request_id={request_id})" if request_id else ""
+        message = str(exc)
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + "... (message truncated)"
+        return exc.code, message
+    suffix = f" (request_id={quote(request_id)})" if request_id else ""
     return grpc.StatusCode.INTERNAL, f"internal error{suffix}; see server logs"
 
 

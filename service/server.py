@@ -35,6 +35,7 @@ from service.rpc.frame import Frame
 from service.rpc.http import HttpFront, server_ssl_context
 from service.rpc.native import SERVICE_NAME, NativeFront
 from service.rpc.oip import OIP_SERVICE_NAME, OipFront
+from service.rpc.pacing import StreamBudgets
 
 __all__ = ["EmbeddingServer", "ServerHandle", "serve", "start_in_thread", "start_local"]
 
@@ -62,10 +63,13 @@ class EmbeddingServer:
         self.engine = Engine(
             self.repo, self.batcher, self.metrics,
             Limits(config.max_tokens_per_request, config.max_text_bytes,
-                   config.max_message_bytes, config.max_output_bytes), self._pool)
+                   config.max_message_bytes, config.max_output_bytes,
+                   config.max_inputs_per_request, config.max_request_text_bytes), self._pool)
         # One frame and one engine for every front: the same auth, limits, batches, regions.
         self.frame = Frame(self.engine, config.auth_token)
-        self.fronts = (NativeFront(self.engine, self.frame), OipFront(self.engine, self.frame))
+        budgets = StreamBudgets(config.max_stream_buffer_bytes, config.max_unsent_bytes)
+        self.fronts = (NativeFront(self.engine, self.frame, budgets),
+                       OipFront(self.engine, self.frame))
         self.health = health.aio.HealthServicer()
         self.tracing = tracing.setup(config)  # tracing: None (nothing at all) when off
         # The REST front: same engine and frame, on the gRPC server's loop (-1: off). The
@@ -129,8 +133,10 @@ class EmbeddingServer:
         options = [("grpc.max_send_message_length", c.max_message_bytes),
                    ("grpc.max_receive_message_length", c.max_message_bytes),
                    ("grpc.so_reuseport", 1 if c.workers > 1 else 0)]
+        # Past max_concurrent_rpcs gRPC core answers RESOURCE_EXHAUSTED itself: no Python.
         server = self._server = grpc.aio.server(
-            options=options, interceptors=tracing.interceptors(self.tracing))  # tracing
+            options=options, interceptors=tracing.interceptors(self.tracing),  # tracing
+            maximum_concurrent_rpcs=c.max_concurrent_rpcs or None)
         server.add_generic_rpc_handlers(tuple(front.handlers() for front in self.fronts))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

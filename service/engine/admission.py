@@ -5,18 +5,20 @@ message into ``Options`` and a list of ``Input`` and calls ``Admitter.admit``; w
 back is an ``Admission`` (model, sequences after truncation, their ids as one tensor) or
 one typed error from ``service.errors``. The front then plans where the rows go and hands
 ``Admission.job(dest, ...)`` to the batcher. Checks run in the order a client would fix
-them: model, enums, compose, then each input (text size, tokenize, id range, length),
-then the request's totals.
+them: model, enums, compose and output dtype, then the request's whole size from what it
+declares (number of inputs, each text's bytes and their sum, the token ids' count), all
+before any per-input work, tokenization or allocation; then each input (tokenize, id
+range, length), then the totals after truncation (tokens, output and response bytes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -29,17 +31,21 @@ from service.engine.validation import (
     Fitted,
     Limits,
     check_compose,
+    check_dtype_range,
     check_enum,
     check_ids,
+    check_input_count,
     check_output_bytes,
     check_response_size,
     check_text,
+    check_text_total,
     fit_length,
+    text_bytes,
 )
 from service.errors import InvalidArgument
 from service.metrics import Metrics
 
-__all__ = ["Admission", "Admitter", "Input", "Options"]
+__all__ = ["Admission", "Admitter", "Input", "Inputs", "Options"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,39 @@ class Input:
     # The value's own field name when it is not the native ``<field>.text`` or
     # ``<field>.token_ids.ids`` (the OIP face names its tensors).
     value_field: str | None = None
+
+
+class Inputs(Sequence[Input]):
+    """A request's inputs, counted before they are built: ``len`` is the declared count
+    (``len()`` of a repeated field, or B of a shape), and ``build`` runs only when an input
+    is first read, i.e. after admission has checked that count against its limit. A
+    request declaring 100k inputs is refused without one Python step per input."""
+
+    def __init__(self, count: int, build: Callable[[], Sequence[Input]]) -> None:
+        self._count = count
+        self._build: Callable[[], Sequence[Input]] | None = build
+        self._items: Sequence[Input] = ()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _built(self) -> Sequence[Input]:
+        if self._build is not None:
+            self._items, self._build = self._build(), None
+            if len(self._items) != self._count:
+                raise InvalidArgument(f"inputs: {self._count} declared, "
+                                      f"{len(self._items)} given")
+        return self._items
+
+    @overload
+    def __getitem__(self, index: int) -> Input: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Input]: ...
+    def __getitem__(self, index: int | slice) -> Input | Sequence[Input]:
+        return self._built()[index]
+
+    def __iter__(self) -> Iterator[Input]:
+        return iter(self._built())
 
 
 @dataclass
@@ -134,8 +173,10 @@ class Admitter:
         check_enum(options.dtype, pb.DType, "dtype")
         check_enum(options.truncate, pb.Truncate, "truncate")
         check_compose(options.compose, model)
+        check_dtype_range(options.compose, options.dtype, model)
         if not inputs:
             raise InvalidArgument("inputs is empty: give at least one input")
+        self.check_size(options, inputs)
         texts = [i for i, inp in enumerate(inputs) if inp.text is not None]
         if len(texts) <= 1:  # ids are checked inline; one text needs no gather either
             tokenized = [await self._tokens(model, inp, options) for inp in inputs]
@@ -159,11 +200,33 @@ class Admitter:
             check_response_size(total, model, admission.itemsize, self.limits, admission.dim)
         return admission
 
+    def check_size(self, options: Options, inputs: Sequence[Input]) -> None:
+        """The request's whole size from what it declares, before any per-input work:
+        the number of inputs (from ``len``), each text's bytes and their sum, and with
+        TRUNCATE_NONE the token ids' count (every id is kept or the request refused)."""
+        limits = self.limits
+        check_input_count(len(inputs), limits)
+        total_text = 0
+        for inp in inputs:  # at most max_inputs_per_request
+            if inp.text is not None:
+                check_text(inp.text, limits, inp.value_field or f"{inp.field}.text")
+                total_text += text_bytes(inp.text)
+                check_text_total(total_text, limits)  # stop at the first input past it
+        if options.truncate != pb.TRUNCATE_NONE:
+            return  # the ids kept are known after fitting; checked then
+        declared = sum(len(inp.ids) for inp in inputs if inp.ids is not None)
+        cap = limits.max_tokens_per_request
+        if declared > cap:
+            if len(inputs) == 1:  # the same words fit_length uses for one sequence
+                raise InvalidArgument(f"{inputs[0].field} has T={declared} tokens; "
+                                      f"max_tokens_per_request is {cap} (or set truncate)")
+            raise InvalidArgument(f"inputs have {declared} tokens in all; "
+                                  f"max_tokens_per_request is {cap}")
+
     async def _tokens(self, model: LoadedModel, inp: Input,
                       options: Options) -> tuple[np.ndarray, int]:
         """The input's ids (int64, in range) and the nanoseconds spent tokenizing."""
-        if inp.text is not None:
-            check_text(inp.text, self.limits, inp.value_field or f"{inp.field}.text")
+        if inp.text is not None:  # its size was checked with the request's (check_size)
             tokenizer = model.tokenizer  # FAILED_PRECONDITION for an ids-only model
             t0 = time.perf_counter_ns()
             ids = await asyncio.get_running_loop().run_in_executor(

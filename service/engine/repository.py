@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +19,12 @@ from pathlib import Path
 import torch
 
 from service.engine.tables import EmbeddingTables
-from service.errors import FailedPrecondition, NotFound, Unavailable
+from service.errors import FailedPrecondition, NotFound, Unavailable, quote
 from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
 from service.format.hf_tokenizer import TextTokenizer, load_text_tokenizer
 from service.format.positions import sinusoidal_table
 
-__all__ = ["LoadedModel", "Repository", "load_model", "parse_pins"]
+__all__ = ["LoadedModel", "Repository", "load_model", "parse_pins", "public_reason"]
 
 log = logging.getLogger("service.engine.repository")
 
@@ -81,6 +82,19 @@ def load_model(name: str, version_dir: Path, device: torch.device,
     return LoadedModel(name, int(version_dir.name), ckpt, tokenizer, tables, untrained)
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s'\",:;()\[\]]+")
+
+
+def public_reason(reason: str, root: Path) -> str:
+    """A refusal reason fit for clients (``RepositoryIndex``): paths inside the repository
+    become relative (``tiny/3/manifest.json: ...``) and any other absolute path becomes
+    ``<path>``; the server's own log keeps the full text."""
+    for prefix in {str(root.resolve()), str(root.absolute()), str(root)}:
+        if prefix not in (".", ""):
+            reason = reason.replace(prefix.rstrip("/") + "/", "")
+    return _ABSOLUTE_PATH.sub("<path>", reason)
+
+
 def parse_pins(spec: str) -> dict[str, int]:
     """``"a=3,b=1"`` → {"a": 3, "b": 1}."""
     pins: dict[str, int] = {}
@@ -129,7 +143,8 @@ class Repository:
         name = model or self.default_model
         loaded = models.get(name)
         if loaded is None:
-            raise NotFound(f"model {name!r} is not loaded (loaded: {', '.join(sorted(models))})")
+            raise NotFound(f"model {quote(name)} is not loaded "
+                           f"(loaded: {', '.join(sorted(models))})")
         if version not in (0, loaded.version):
             raise NotFound(f"version {version} of model {name!r} is not loaded "
                            f"(serving version {loaded.version})")
@@ -158,7 +173,8 @@ class Repository:
                 if loaded is not None and loaded.version == version:
                     rows.append((model_dir.name, version, "READY", ""))
                 elif reason is not None:
-                    rows.append((model_dir.name, version, "UNAVAILABLE", reason))
+                    rows.append((model_dir.name, version, "UNAVAILABLE",
+                                 public_reason(reason, self.root)))
                 else:
                     rows.append((model_dir.name, version, "AVAILABLE", "not the served version"))
         return rows

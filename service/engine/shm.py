@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from service.engine.batcher import Timing
-from service.errors import AlreadyExists, InvalidArgument, NotFound
+from service.errors import AlreadyExists, InvalidArgument, NotFound, quote
 
 __all__ = ["SHM_ROOT", "Region", "SharedMemoryRegistry", "ShmDestination"]
 
@@ -60,21 +60,21 @@ class SharedMemoryRegistry:
             raise InvalidArgument("region name is empty")
         path = self._path(key)
         if byte_size <= 0:
-            raise InvalidArgument(f"byte_size={byte_size} of region {name!r} must be > 0")
+            raise InvalidArgument(f"byte_size={byte_size} of region {quote(name)} must be > 0")
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise NotFound(f"shared-memory object {key!r} does not exist under "
+            raise NotFound(f"shared-memory object {quote(key)} does not exist under "
                            f"{self.root}") from None
         except OSError as e:  # a symlink (ELOOP), a directory, no permission
-            raise InvalidArgument(f"shared-memory object {key!r} cannot be opened: "
+            raise InvalidArgument(f"shared-memory object {quote(key)} cannot be opened: "
                                   f"{e.strerror}") from None
         try:
             size = os.fstat(fd).st_size
             if offset + byte_size > size:
                 raise InvalidArgument(
-                    f"region {name!r}: offset {offset} + byte_size {byte_size} = "
-                    f"{offset + byte_size} exceeds the size of {key!r} ({size} bytes)")
+                    f"region {quote(name)}: offset {offset} + byte_size {byte_size} = "
+                    f"{offset + byte_size} exceeds the size of {quote(key)} ({size} bytes)")
             # mmap offsets must be page-aligned: map from the page start, view from offset.
             start = offset - offset % mmap.ALLOCATIONGRANULARITY
             mapping = mmap.mmap(fd, offset + byte_size - start, mmap.MAP_SHARED,
@@ -84,7 +84,7 @@ class SharedMemoryRegistry:
         region = Region(name, key, offset, byte_size, mapping)
         with self._lock:
             if name in self._regions:
-                raise AlreadyExists(f"region {name!r} is already registered; unregister it "
+                raise AlreadyExists(f"region {quote(name)} is already registered; unregister it "
                                     f"first")
             self._regions[name] = region
         return region
@@ -95,7 +95,7 @@ class SharedMemoryRegistry:
             if not name:
                 self._regions.clear()
             elif self._regions.pop(name, None) is None:
-                raise NotFound(f"region {name!r} is not registered")
+                raise NotFound(f"region {quote(name)} is not registered")
 
     def regions(self, name: str = "") -> list[Region]:
         """Every registered region, or the one named."""
@@ -104,7 +104,7 @@ class SharedMemoryRegistry:
                 return [self._regions[n] for n in sorted(self._regions)]
             region = self._regions.get(name)
         if region is None:
-            raise NotFound(f"region {name!r} is not registered")
+            raise NotFound(f"region {quote(name)} is not registered")
         return [region]
 
     def rows(self, name: str, offset: int, shape: tuple[int, ...], dtype: torch.dtype,
@@ -119,9 +119,9 @@ class SharedMemoryRegistry:
         if offset + nbytes > region.byte_size:
             raise InvalidArgument(
                 f"{field}: the output needs {nbytes} bytes at offset {offset} but region "
-                f"{name!r} has {region.byte_size} bytes; the largest T that fits is "
+                f"{quote(name)} has {region.byte_size} bytes; the largest T that fits is "
                 f"{max(0, region.byte_size - offset) // (nbytes // max(1, shape[-2]))}"
-                if len(shape) >= 2 else f"{field}: region {name!r} is too small")
+                if len(shape) >= 2 else f"{field}: region {quote(name)} is too small")
         start = region.offset % mmap.ALLOCATIONGRANULARITY + offset  # inside the mapping
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
@@ -131,8 +131,8 @@ class SharedMemoryRegistry:
 
     def _path(self, key: str) -> Path:
         name = key[1:] if key.startswith("/") else key
-        if not name or "/" in name or name in (".", ".."):
-            raise InvalidArgument(f"shared-memory key {key!r} must name an object directly "
+        if not name or "/" in name or "\x00" in name or name in (".", ".."):
+            raise InvalidArgument(f"shared-memory key {quote(key)} must name an object directly "
                                   f"under {self.root} (like '/my-region'): no other '/'")
         return self.root / name
 

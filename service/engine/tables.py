@@ -16,6 +16,7 @@ takes the slow path in ``service.engine.rules`` instead; the rest never pays for
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -64,6 +65,15 @@ def positions_of(spans: Sequence[Span]) -> torch.Tensor:
     return torch.from_numpy(np.repeat(starts - first_row, lengths) + np.arange(n))
 
 
+def _max_abs(table: torch.Tensor) -> float:
+    """max |x| over the table, without a temporary the size of it; NaN counts as inf."""
+    if table.numel() == 0:
+        return 0.0
+    lo, hi = torch.aminmax(table)
+    value = max(abs(float(lo)), abs(float(hi)))
+    return math.inf if math.isnan(value) else value
+
+
 class EmbeddingTables:
     """One model version's token and position tables, frozen, on one device."""
 
@@ -86,6 +96,11 @@ class EmbeddingTables:
         project = None if self._rules is None else self._rules.project_in
         self.width = self.dim if project is None else int(project.shape[0])
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
+        # Largest |value| of each table, read once at load: what a request's output dtype
+        # must be able to hold (validation.check_dtype_range refuses float16 past 65504).
+        self.token_max_abs = _max_abs(self.token_table)
+        self.position_max_abs = (0.0 if self.position_table is None
+                                 else _max_abs(self.position_table))
 
     def out_dim(self, compose: int) -> int:
         """Columns of the rows ``compose`` returns: token-only has the table's width."""

@@ -12,11 +12,13 @@ import numpy as np
 import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
+from service.dtypes import BY_WIRE
 from service.engine.repository import LoadedModel
 from service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
-__all__ = ["Fitted", "Limits", "check_compose", "check_enum", "check_ids", "check_output_bytes",
-           "check_response_size", "check_text", "fit_length"]
+__all__ = ["Fitted", "Limits", "check_compose", "check_dtype_range", "check_enum", "check_ids",
+           "check_input_count", "check_output_bytes", "check_response_size", "check_text",
+           "check_text_total", "fit_length", "max_abs_output", "text_bytes"]
 
 _RESPONSE_OVERHEAD = 1024  # bytes: identity fields, timing, framing
 _SMALL_IDS = 64  # up to this many ids, Python's min/max beat numpy's
@@ -31,6 +33,8 @@ class Limits:
     max_text_bytes: int
     max_message_bytes: int
     max_output_bytes: int = 0  # 0 = no cap beyond the message (or region) size
+    max_inputs_per_request: int = 1024  # sequences in one request (EmbedBatch, OIP [B, T])
+    max_request_text_bytes: int = 1 << 20  # UTF-8 bytes of text summed over the inputs
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,31 @@ def check_text(text: str, limits: Limits, field: str) -> None:
     """Refuse text over the byte limit before spending time tokenizing it."""
     # len(str) <= UTF-8 bytes <= 4 * len(str): skip the encode when the answer is certain.
     if 4 * len(text) > limits.max_text_bytes:
-        n = len(text.encode("utf-8", errors="surrogatepass"))
+        n = text_bytes(text)
         if n > limits.max_text_bytes:
             raise InvalidArgument(f"{field} is {n} bytes; max_text_bytes is "
                                   f"{limits.max_text_bytes}")
+
+
+def check_input_count(count: int, limits: Limits, field: str = "inputs") -> None:
+    """Refuse too many sequences from the count alone (``len()`` of the repeated field or
+    the declared B), before anything is done per input."""
+    if count > limits.max_inputs_per_request:
+        raise InvalidArgument(f"{field} has {count} sequences; max_inputs_per_request is "
+                              f"{limits.max_inputs_per_request}")
+
+
+def check_text_total(nbytes: int, limits: Limits, field: str = "inputs") -> None:
+    """Refuse a request whose texts sum to more than the per-request byte limit, before
+    any of them is tokenized."""
+    if nbytes > limits.max_request_text_bytes:
+        raise InvalidArgument(f"{field} hold {nbytes} bytes of text in all; "
+                              f"max_request_text_bytes is {limits.max_request_text_bytes}")
+
+
+def text_bytes(text: str) -> int:
+    """UTF-8 bytes of ``text``; no encode when every character is ASCII-sized."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
 
 
 def check_ids(ids: np.ndarray, model: LoadedModel, field: str) -> None:
@@ -142,3 +167,29 @@ def check_output_bytes(tokens: int, model: LoadedModel, itemsize: int, dtype_nam
                                 f"max_output_bytes {limits.max_output_bytes}; the largest T "
                                 f"that fits in {dtype_name} is "
                                 f"{limits.max_output_bytes // per_token}")
+
+
+def max_abs_output(model: LoadedModel, compose: int) -> float:
+    """An upper bound on |value| of any row ``compose`` can return for this model: the
+    tables' largest |value| (recorded at load), summed when both are added."""
+    tables = model.tables
+    if compose == pb.COMPOSE_POSITION_ONLY:
+        return tables.position_max_abs
+    if compose == pb.COMPOSE_TOKEN_ONLY or tables.position_table is None:
+        return tables.token_max_abs
+    return tables.token_max_abs + tables.position_max_abs
+
+
+def check_dtype_range(compose: int, dtype: int, model: LoadedModel) -> None:
+    """Refuse, before any work, an output dtype that cannot hold every row this model can
+    return: a value past float16's 65504 would silently become inf. Decided from the
+    bound alone (no per-request scan), so it is all or nothing per (model, compose, dtype)."""
+    d = BY_WIRE[dtype]
+    largest = float(torch.finfo(d.torch).max)
+    bound = max_abs_output(model, compose)
+    if bound > largest:
+        compose_name = pb.Compose.Name(compose)
+        raise FailedPrecondition(
+            f"dtype={pb.DType.Name(d.wire)} cannot hold the rows of model {model.name!r}: "
+            f"with compose={compose_name} values reach |{bound:.6g}| > {largest:.6g}, the "
+            f"largest {d.name}; ask for float32 (or bfloat16)")

@@ -29,7 +29,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message_factory import GetMessageClass
 
 from service.engine.engine import Engine
-from service.errors import EmbedError, Unauthenticated, Unavailable, status_for
+from service.errors import EmbedError, Unauthenticated, Unavailable, quote, status_for
 from service.rpc import codec
 
 __all__ = ["OPEN_SERVICES", "UNKNOWN_MODEL", "Call", "Frame", "Refused"]
@@ -91,7 +91,8 @@ class Frame:
         except Exception as e:
             code, message = status_for(e, call.request_id)
             if not isinstance(e, EmbedError):
-                log.exception("internal error in %s request_id=%s", call.rpc, call.request_id)
+                log.exception("internal error in %s request_id=%s", call.rpc,
+                              quote(call.request_id))
             raise Refused(code, message) from e
         finally:
             # Counted before the status leaves: a client that scrapes right after its

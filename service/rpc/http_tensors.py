@@ -27,7 +27,7 @@ import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.dtypes import BY_WIRE
-from service.engine.admission import Admission, Input, Options
+from service.engine.admission import Admission, Inputs, Options
 from service.errors import InvalidArgument
 from service.rpc import codec
 from service.rpc.oip_tensors import (
@@ -62,7 +62,7 @@ class InferRequest:
 
     request_id: str
     options: Options
-    inputs: list[Input]
+    inputs: Inputs
     outputs: list[tuple[str, bool]]  # (name, binary), in response order
 
 
@@ -141,7 +141,7 @@ def _outputs(raw: Any, binary_default: bool) -> tuple[list[tuple[str, bool]], An
     return result, embeddings_dtype
 
 
-def _inputs(raw: Any, binary: memoryview, start_position: int) -> list[Input]:
+def _inputs(raw: Any, binary: memoryview, start_position: int) -> Inputs:
     if not isinstance(raw, list) or len(raw) != 1 or not isinstance(raw[0], dict):
         names = [t.get("name") for t in raw if isinstance(t, dict)] \
             if isinstance(raw, list) else raw

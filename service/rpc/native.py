@@ -8,15 +8,16 @@ the engine. Auth, draining, deadline, metrics and status codes are the frame's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 import numpy as np
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service.engine.admission import Admission, Input, Options
+from service.engine.admission import Admission, Input, Inputs, Options
 from service.engine.engine import Engine
 from service.engine.repository import LoadedModel
 from service.engine.shm import ShmDestination
@@ -24,20 +25,25 @@ from service.engine.validation import check_ids
 from service.format.tokenizer import TokenizerSpec
 from service.rpc import codec
 from service.rpc.frame import Call, Frame
+from service.rpc.pacing import StreamBudgets
 
 __all__ = ["SERVICE_NAME", "NativeFront"]
 
 SERVICE_NAME = "embedding.v1.EmbeddingService"
 STREAM_WINDOW = 64  # requests of one stream in flight at once: pipelining with backpressure
+Reserve = Callable[[int], Awaitable[None]]  # wait for room for an answer of n bytes
 
 
 class NativeFront:
     """Implements embedding.v1.EmbeddingService on the engine; every method runs inside
     the frame (registered by ``handlers``)."""
 
-    def __init__(self, engine: Engine, frame: Frame) -> None:
+    def __init__(self, engine: Engine, frame: Frame,
+                 stream_budgets: StreamBudgets | None = None) -> None:
         self.engine = engine
         self.frame = frame
+        # Bytes of stream answers the clients have not taken yet (pacing.py).
+        self.stream_budgets = stream_budgets or StreamBudgets(16 << 20, 256 << 20)
 
     def handlers(self) -> grpc.GenericRpcHandler:
         """The service's handler table, built from its descriptor, inside the frame."""
@@ -46,7 +52,8 @@ class NativeFront:
 
     # -- embedding RPCs -------------------------------------------------------------------
 
-    async def _embed_one(self, request: pb.EmbedRequest, call: Call) -> bytes:
+    async def _embed_one(self, request: pb.EmbedRequest, call: Call,
+                         reserve: Reserve | None = None) -> bytes:
         if isinstance(request, codec.Undecodable):  # a stream item that did not parse
             await request.fail()
         kind = request.WhichOneof("input")
@@ -65,14 +72,19 @@ class NativeFront:
             version=model.version, checkpoint_id=model.checkpoint_id,
             truncated_tokens=fitted.truncated_tokens, untrained_token_indices=untrained,
             request_id=request.request_id)
-        return await self._run(admission, fields, call, _shm_output(request))
+        return await self._run(admission, fields, call, _shm_output(request), reserve)
 
     async def _run(self, admission: Admission, fields: Any, call: Call,
-                   output: pb.SharedMemoryOutput | None = None) -> bytes:
+                   output: pb.SharedMemoryOutput | None = None,
+                   reserve: Reserve | None = None) -> bytes:
         """Plan where the rows go (the response bytes, or a shared-memory region), then
-        batch the lookup into it."""
+        batch the lookup into it. ``reserve`` (streams) waits for room for the answer's
+        bytes before anything is allocated."""
         shape = (admission.tokens, admission.dim)
         dtype = admission.options.dtype
+        if reserve is not None:
+            rows = shape[0] * shape[1] * admission.itemsize if output is None else 0
+            await reserve(rows + fields.ByteSize() + codec.TIMING_BYTES + 64)
         dest: codec.ResponseWriter | ShmDestination
         if output is None:
             dest = codec.Reply(fields, shape, dtype).allocate()
@@ -93,13 +105,17 @@ class NativeFront:
 
     async def EmbedBatch(self, request: pb.EmbedBatchRequest, call: Call) -> bytes:
         """Many sequences → one packed [ΣT, C] with B+1 offsets, in one job."""
-        inputs = []
-        for i, inp in enumerate(request.inputs):
-            kind = inp.WhichOneof("input")
-            inputs.append(Input(f"inputs[{i}]", text=inp.text if kind == "text" else None,
-                                ids=inp.token_ids.ids if kind == "token_ids" else None,
-                                start_position=inp.start_position))
-        admission = await self.engine.admit(_options(request), inputs)
+        def inputs() -> list[Input]:  # built once admission has checked their number
+            out = []
+            for i, inp in enumerate(request.inputs):
+                kind = inp.WhichOneof("input")
+                out.append(Input(f"inputs[{i}]", text=inp.text if kind == "text" else None,
+                                 ids=inp.token_ids.ids if kind == "token_ids" else None,
+                                 start_position=inp.start_position))
+            return out
+
+        admission = await self.engine.admit(_options(request),
+                                            Inputs(len(request.inputs), inputs))
         model = admission.model
         offsets = np.cumsum([0, *admission.lengths]).tolist()
         untrained = self.engine.untrained(admission)
@@ -116,27 +132,44 @@ class NativeFront:
         """Bidi stream; up to STREAM_WINDOW requests in flight, responses in request order.
 
         A bad request ends the stream with its status; responses before it were delivered.
+        Answers the client has not taken yet are bounded in bytes (``pacing``): past the
+        budget, requests wait before their output is allocated, the window fills and the
+        stream stops reading.
         """
-        window: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue(STREAM_WINDOW)
+        window: asyncio.Queue[tuple[int, asyncio.Task[bytes]] | None] = \
+            asyncio.Queue(STREAM_WINDOW)
+        pacer = self.stream_budgets.pacer()
+
+        async def one(request: pb.EmbedRequest, seq: int) -> bytes:
+            try:
+                return await self.frame.item(
+                    call, request.model, request.request_id,
+                    lambda item: self._embed_one(request, item,
+                                                 functools.partial(pacer.reserve, seq)))
+            finally:
+                pacer.skip(seq)  # refused before reserving: the next answer's turn
 
         async def read() -> None:
+            seq = 0
             async for request in requests:
-                await window.put(asyncio.ensure_future(self.frame.item(
-                    call, request.model, request.request_id,
-                    lambda item, r=request: self._embed_one(r, item))))  # type: ignore[misc]
+                await window.put((seq, asyncio.ensure_future(one(request, seq))))
+                seq += 1
             await window.put(None)
 
         reader = asyncio.ensure_future(read())
         try:
-            while (task := await window.get()) is not None:
+            while (item := await window.get()) is not None:
+                seq, task = item
                 yield await task  # a Refused item ends the stream, after every answer before it
+                pacer.release(seq)  # gRPC has taken it
             await reader
         finally:
             reader.cancel()
             while not window.empty():
                 pending = window.get_nowait()
                 if pending is not None:
-                    pending.cancel()
+                    pending[1].cancel()
+            pacer.close()
 
     # -- tokenizer and model RPCs ---------------------------------------------------------
 

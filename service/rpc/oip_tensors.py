@@ -15,8 +15,8 @@ import numpy as np
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.dtypes import BY_OIP, BY_WIRE
-from service.engine.admission import Input
-from service.errors import InvalidArgument
+from service.engine.admission import Input, Inputs
+from service.errors import InvalidArgument, quote
 from service.format.checkpoint import Manifest
 
 __all__ = ["DATATYPES", "ONE_INPUT", "datatype", "model_parameters", "model_version",
@@ -37,12 +37,18 @@ _MAX_START = 2**32 - 1  # start_position is a uint32 in the native contract
 ONE_INPUT = "give exactly one of 'input_ids' [B, T] (INT64/INT32) or 'text' [B] (BYTES)"
 
 
+_MAX_VERSION = 2**63 - 1  # versions are int64 in the native contract
+
+
 def model_version(text: str) -> int:
-    """OIP versions are strings: "" = newest; otherwise a positive integer."""
+    """OIP versions are strings: "" = newest; otherwise a positive integer in ASCII digits
+    (``str.isdigit`` also accepts "²" and other digits ``int`` refuses) within int64."""
     if not text:
         return 0
-    if not text.isdigit() or int(text) <= 0:
-        raise InvalidArgument(f"model_version={text!r} must be empty or a positive integer")
+    if not (text.isascii() and text.isdigit() and len(text) <= 19
+            and 0 < int(text) <= _MAX_VERSION):
+        raise InvalidArgument(f"model_version={quote(text, 32)} must be empty or a positive "
+                              f"integer")
     return int(text)
 
 
@@ -67,11 +73,14 @@ def parameters(values: Mapping[str, Any]) -> dict[str, Any]:
     raw = {k: v for k, v in values.items() if k not in _IGNORED}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise InvalidArgument(f"parameters {unknown} are not known; this model takes "
+        shown = ", ".join(quote(name, 32) for name in unknown[:4])
+        more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
+        raise InvalidArgument(f"parameters [{shown}]{more} are not known; this model takes "
                               f"{sorted(known)}")
     start = raw.get("start_position", 0)
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= _MAX_START:
-        raise InvalidArgument(f"parameters['start_position']={start!r} must be an integer "
+        raise InvalidArgument(f"parameters['start_position']={quote(start, 32)} must be an "
+                              f"integer "
                               f"in [0, {_MAX_START}]")
     return {"start_position": start,
             "compose": _choice(raw, "compose", _COMPOSE, "token_plus_position"),
@@ -86,7 +95,7 @@ def parameters(values: Mapping[str, Any]) -> dict[str, Any]:
 def _choice(raw: dict[str, Any], name: str, choices: dict[str, int], default: str) -> int:
     value = raw.get(name, default)
     if not isinstance(value, str) or value.lower() not in choices:
-        raise InvalidArgument(f"parameters[{name!r}]={value!r} must be one of "
+        raise InvalidArgument(f"parameters[{name!r}]={quote(value, 32)} must be one of "
                               f"{sorted(choices)}")
     return choices[value.lower()]
 
@@ -94,7 +103,7 @@ def _choice(raw: dict[str, Any], name: str, choices: dict[str, int], default: st
 def _flag(raw: dict[str, Any], name: str) -> bool:
     value = raw.get(name, False)
     if not isinstance(value, bool):
-        raise InvalidArgument(f"parameters[{name!r}]={value!r} must be a bool")
+        raise InvalidArgument(f"parameters[{name!r}]={quote(value, 32)} must be a bool")
     return value
 
 
@@ -119,7 +128,7 @@ def output_names(names: list[str]) -> set[str]:
     must be among them."""
     for name in names:
         if name not in _OUTPUTS:
-            raise InvalidArgument(f"output {name!r} is not an output of this model "
+            raise InvalidArgument(f"output {quote(name)} is not an output of this model "
                                   f"(outputs: {', '.join(_OUTPUTS)})")
     wanted = set(names) if names else set(_OUTPUTS)
     if "embeddings" not in wanted:
@@ -142,80 +151,110 @@ def datatype(value: Any) -> int:
     if value is None:
         return pb.DTYPE_FLOAT32
     if not isinstance(value, str) or value.upper() not in _DTYPE_OF:
-        raise InvalidArgument(f"datatype={value!r} of output 'embeddings' must be one of "
+        raise InvalidArgument(f"datatype={quote(value, 32)} of output 'embeddings' must be "
+                              f"one of "
                               f"{sorted(_DTYPE_OF)}")
     return _DTYPE_OF[value.upper()]
 
 
-def read_input(request: oip.ModelInferRequest, start_position: int) -> list[Input]:
-    """The sequences of the one input tensor, ``input_ids`` [B, T] or ``text`` [B]."""
+def read_input(request: oip.ModelInferRequest, start_position: int) -> Inputs:
+    """The sequences of the one input tensor, ``input_ids`` [B, T] or ``text`` [B].
+
+    The declared shape is checked against the contents here, in O(1); the sequences are
+    built only when admission reads them, after it has checked B against its limit.
+    """
     if len(request.inputs) != 1:
-        names = [t.name for t in request.inputs]
-        raise InvalidArgument(f"inputs {names}: {ONE_INPUT}")
+        names = ", ".join(quote(t.name, 32) for t in request.inputs[:4])
+        raise InvalidArgument(f"{len(request.inputs)} input tensors [{names}]: {ONE_INPUT}")
     tensor = request.inputs[0]
     raw = request.raw_input_contents[0] if request.raw_input_contents else None
     return read_tensor(tensor, raw, start_position)
 
 
-def read_tensor(tensor: Any, raw: bytes | None, start_position: int) -> list[Input]:
+def read_tensor(tensor: Any, raw: bytes | None, start_position: int) -> Inputs:
     """The sequences of one input tensor: anything with the message's ``name``,
     ``datatype`` and ``shape`` (and ``contents`` when ``raw`` is None)."""
     if tensor.name == "input_ids":
         return _ids(tensor, raw, start_position)
     if tensor.name == "text":
         return _texts(tensor, raw, start_position)
-    raise InvalidArgument(f"input {tensor.name!r} is not an input of this model "
+    raise InvalidArgument(f"input {quote(tensor.name)} is not an input of this model "
                           f"(inputs: input_ids, text)")
 
 
-def _ids(tensor: Any, raw: bytes | None, start_position: int) -> list[Input]:
+def _shape(tensor: Any, name: str, expected: str, ranks: tuple[int, ...]) -> list[int]:
+    """The declared shape: the right rank and every dimension >= 1 (a zero dimension
+    would declare B sequences of nothing, each costing work before being refused)."""
+    shape = list(tensor.shape)
+    if len(shape) not in ranks or any(d < 1 for d in shape):
+        shown = shape if len(shape) <= 4 else [*shape[:4], "..."]
+        raise InvalidArgument(f"input {name!r} has shape {shown}; expected {expected} with "
+                              f"every dimension >= 1")
+    return shape
+
+
+def _ids(tensor: Any, raw: bytes | None, start_position: int) -> Inputs:
     dt = _ID_TYPES.get(tensor.datatype)
     if dt is None:
-        raise InvalidArgument(f"input 'input_ids' has datatype {tensor.datatype!r}; "
+        raise InvalidArgument(f"input 'input_ids' has datatype {quote(tensor.datatype, 16)}; "
                               f"expected INT64 or INT32")
-    shape = list(tensor.shape)
-    if len(shape) != 2 or min(shape) < 0:
-        raise InvalidArgument(f"input 'input_ids' has shape {shape}; expected [B, T]")
-    B, T = shape
-    if B == 0:
-        raise InvalidArgument("input 'input_ids' has B=0 sequences; give at least one")
+    B, T = _shape(tensor, "input_ids", "[B, T]", (2,))
+    count = B * T  # Python ints: no overflow; compared with what was sent before any use
     if raw is not None:
-        if len(raw) != B * T * dt.itemsize:
-            raise InvalidArgument(f"input 'input_ids' {tensor.datatype} {shape} needs "
-                                  f"{B * T * dt.itemsize} bytes of raw_input_contents; got "
+        if len(raw) != count * dt.itemsize:
+            raise InvalidArgument(f"input 'input_ids' {tensor.datatype} [{B}, {T}] needs "
+                                  f"{count * dt.itemsize} bytes of raw_input_contents; got "
                                   f"{len(raw)}")
-        ids = np.frombuffer(raw, dtype=dt).astype(np.int64).reshape(B, T)
     else:
         typed = (tensor.contents.int64_contents if dt.itemsize == 8
                  else tensor.contents.int_contents)
-        if len(typed) != B * T:
-            raise InvalidArgument(f"input 'input_ids' {shape} needs {B * T} values in "
+        if len(typed) != count:
+            raise InvalidArgument(f"input 'input_ids' [{B}, {T}] needs {count} values in "
                                   f"contents; got {len(typed)}")
-        ids = np.array(typed, dtype=np.int64).reshape(B, T)
-    return [Input(f"input_ids[{b}]", ids=ids[b], start_position=start_position,
-                  value_field=f"input_ids[{b}]") for b in range(B)]
+
+    def build() -> list[Input]:
+        if raw is not None:
+            ids = np.frombuffer(raw, dtype=dt).astype(np.int64).reshape(B, T)
+        else:
+            ids = np.array(typed, dtype=np.int64).reshape(B, T)
+        return [Input(f"input_ids[{b}]", ids=ids[b], start_position=start_position,
+                      value_field=f"input_ids[{b}]") for b in range(B)]
+
+    return Inputs(B, build)
 
 
-def _texts(tensor: Any, raw: bytes | None, start_position: int) -> list[Input]:
+def _texts(tensor: Any, raw: bytes | None, start_position: int) -> Inputs:
     if tensor.datatype != "BYTES":
-        raise InvalidArgument(f"input 'text' has datatype {tensor.datatype!r}; expected BYTES")
-    shape = list(tensor.shape)
-    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1) or shape[0] <= 0:
+        raise InvalidArgument(f"input 'text' has datatype {quote(tensor.datatype, 16)}; "
+                              f"expected BYTES")
+    shape = _shape(tensor, "text", "[B] (or [B, 1])", (1, 2))
+    if len(shape) == 2 and shape[1] != 1:
         raise InvalidArgument(f"input 'text' has shape {shape}; expected [B] (or [B, 1])")
     B = shape[0]
-    items = _split_bytes(raw, B) if raw is not None else list(tensor.contents.bytes_contents)
-    if len(items) != B:
-        raise InvalidArgument(f"input 'text' {shape} needs {B} strings; got {len(items)}")
-    inputs = []
-    for b, item in enumerate(items):
-        try:
-            text = item.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InvalidArgument(f"input 'text'[{b}] is not valid UTF-8 (byte {e.start})") \
-                from None
-        inputs.append(Input(f"text[{b}]", text=text, start_position=start_position,
-                            value_field=f"text[{b}]"))
-    return inputs
+    if raw is None and len(tensor.contents.bytes_contents) != B:
+        raise InvalidArgument(f"input 'text' {shape} needs {B} strings; got "
+                              f"{len(tensor.contents.bytes_contents)}")
+    if raw is not None and len(raw) < 4 * B:  # each element has a 4-byte length
+        raise InvalidArgument(f"input 'text' {shape} needs {B} strings; raw_input_contents "
+                              f"has {len(raw)} bytes, fewer than their {4 * B} length bytes")
+
+    def build() -> list[Input]:
+        items = (_split_bytes(raw, B) if raw is not None
+                 else list(tensor.contents.bytes_contents))
+        if len(items) != B:
+            raise InvalidArgument(f"input 'text' {shape} needs {B} strings; got {len(items)}")
+        inputs = []
+        for b, item in enumerate(items):
+            try:
+                text = item.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InvalidArgument(f"input 'text'[{b}] is not valid UTF-8 (byte "
+                                      f"{e.start})") from None
+            inputs.append(Input(f"text[{b}]", text=text, start_position=start_position,
+                                value_field=f"text[{b}]"))
+        return inputs
+
+    return Inputs(B, build)
 
 
 def _split_bytes(raw: bytes, count: int) -> list[bytes]:

@@ -20,11 +20,18 @@ def test_overload_refuses_past_the_queue_budget(tmp_path: Path) -> None:
          # At C=16 a lookup takes microseconds: on an idle machine the queue would never
          # hold two requests. A batch delay keeps each one queued for 50 ms, so 16 in
          # flight must overflow the 1024-token budget whatever the machine's speed.
-         "--server-arg=--max-batch-delay-us=50000"],
+         "--server-arg=--max-batch-delay-us=50000", "--slow-readers", "2",
+         "--slow-tokens", "64"],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "overload.json").read_text())
-    assert set(report) == {"config", "baseline", "overload", "target"}
+    assert set(report) == {"config", "baseline", "overload", "target", "slow_reader"}
+    slow = report["slow_reader"]
+    assert slow["streams"] == 2
+    assert slow["rss_peak_mib"] >= slow["rss_before_mib"] > 0
+    assert slow["normal_requests"] > 0
+    assert set(slow["normal_other_codes"]) <= {"RESOURCE_EXHAUSTED"}  # the small queue
+    assert "slow readers: 2 streams" in proc.stdout
     assert report["config"]["max_queue_tokens"] == 1024
     assert report["config"]["T"] == 512
     base = report["baseline"]

@@ -10,7 +10,9 @@ so a torch or codec cast bug cannot hide behind the same bug in the oracle.
 Precedence when one request breaks several rules (the order the contract reads in: who
 serves it, what is asked, can this model do it, then the inputs):
 transport size → NOT_FOUND → unknown enum (INVALID_ARGUMENT) → FAILED_PRECONDITION →
-the inputs (INVALID_ARGUMENT) → the shared-memory output (none is registered here).
+the request's declared size (INVALID_ARGUMENT: number of inputs; each text's bytes then the
+running sum, in input order; with TRUNCATE_NONE the token ids' count) → the inputs
+(INVALID_ARGUMENT) → the shared-memory output (none is registered here).
 """
 
 from __future__ import annotations
@@ -34,10 +36,14 @@ from tests.tiny_model import DIM, MAX_SEQ_LEN, TRAINED_ROWS, VOCAB_SIZE, tiny_ta
 MAX_TEXT_BYTES = 256
 MAX_TOKENS = 48  # < MAX_SEQ_LEN, so both length limits can be the one that bites
 MAX_MESSAGE_BYTES = 8192  # gRPC's receive cap; every response here is < 5 KB
+MAX_INPUTS = 4  # EmbedBatch inputs: the strategies draw up to 5
+MAX_REQUEST_TEXT_BYTES = 512  # texts summed: two texts at MAX_TEXT_BYTES fit, three may not
 # A 1 ms batch delay makes requests in flight together share a batch (mixed models, dtypes,
 # composes): with 0, each of 10 concurrent requests got a batch of its own (measured).
 SERVER_CONFIG = {"max_text_bytes": MAX_TEXT_BYTES, "max_tokens_per_request": MAX_TOKENS,
-                 "max_message_bytes": MAX_MESSAGE_BYTES, "max_batch_delay_us": 1000}
+                 "max_message_bytes": MAX_MESSAGE_BYTES, "max_batch_delay_us": 1000,
+                 "max_inputs_per_request": MAX_INPUTS,
+                 "max_request_text_bytes": MAX_REQUEST_TEXT_BYTES}
 
 DEFAULT_MODEL = "tiny"
 MODEL_SEEDS = {"tiny": 0, "rope": 1}  # conftest.tiny_repo: "rope" has no position table
@@ -110,6 +116,7 @@ class Oracle:
         """Outcome of ``Embed(req)``; ``wire_size``: the bytes sent, if not req's own size."""
         try:
             name = self._header(req, req.ByteSize() if wire_size is None else wire_size)
+            self._size([("input", req)], req.truncate)
             seq = self._fit(self._tokens(req, req.allow_special_tokens, "input"),
                             req.start_position, req.truncate, "input")
             self._output(req)
@@ -123,6 +130,8 @@ class Oracle:
             name = self._header(req, req.ByteSize())
             if not req.inputs:
                 raise Refused(Code.INVALID_ARGUMENT, "inputs is empty")
+            self._size([(f"inputs[{i}]", inp) for i, inp in enumerate(req.inputs)],
+                       req.truncate)
             seqs: list[Seq] = []
             hints: list[str] = []  # every faulty input: the contract does not say which one wins
             for i, inp in enumerate(req.inputs):
@@ -171,6 +180,32 @@ class Oracle:
         if req.compose == pb.COMPOSE_POSITION_ONLY and self.tables[name][1] is None:
             raise Refused(Code.FAILED_PRECONDITION, f"model {name!r} has position 'none'")
         return name
+
+    @staticmethod
+    def _size(inputs: list[tuple[str, pb.EmbedRequest | pb.EmbedInput]], truncate: int) -> None:
+        """The request's size from what it declares, before any input is looked into."""
+        if len(inputs) > MAX_INPUTS:
+            raise Refused(Code.INVALID_ARGUMENT, f"has {len(inputs)} sequences; "
+                                                 f"max_inputs_per_request is {MAX_INPUTS}")
+        running = 0
+        for where, inp in inputs:  # in input order: the first input past a limit decides
+            if inp.WhichOneof("input") != "text":
+                continue
+            n = len(inp.text.encode("utf-8"))
+            if n > MAX_TEXT_BYTES:
+                raise Refused(Code.INVALID_ARGUMENT, f"{where}.text is {n} bytes")
+            running += n
+            if running > MAX_REQUEST_TEXT_BYTES:
+                raise Refused(Code.INVALID_ARGUMENT, f"hold {running} bytes of text in all; "
+                              f"max_request_text_bytes is {MAX_REQUEST_TEXT_BYTES}")
+        if truncate != pb.TRUNCATE_NONE:
+            return
+        declared = sum(len(inp.token_ids.ids) for _, inp in inputs
+                       if inp.WhichOneof("input") == "token_ids")
+        if declared > MAX_TOKENS:  # every id would be kept: certain to be refused
+            raise Refused(Code.INVALID_ARGUMENT,
+                          f"has T={declared} tokens; max_tokens_per_request is {MAX_TOKENS}"
+                          if len(inputs) == 1 else f"inputs have {declared} tokens in all")
 
     def _tokens(self, inp: pb.EmbedRequest | pb.EmbedInput, allow_special: bool,
                 where: str) -> list[int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
@@ -27,6 +27,7 @@ from client import EmbeddingClient
 from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.server import ServerHandle
 from tests.service.fuzz_oracle import (
     GOOD,
@@ -46,6 +47,7 @@ from tests.service.fuzz_oracle import (
 from tests.service.fuzz_strategies import (
     BAD_UTF8,
     FUZZ,
+    IDS,
     batch,
     batch_requests,
     embed_requests,
@@ -256,6 +258,75 @@ def test_a_lone_surrogate_cannot_leave_the_python_client() -> None:
     """Why the UTF-8 tests hand-build their bytes: protobuf will not encode a surrogate."""
     with pytest.raises(UnicodeEncodeError):
         pb.EmbedRequest(text="\ud800").SerializeToString()
+
+
+# -- cost: server time per request byte stays bounded, whatever the request declares -------
+
+SECONDS_FLOOR = 0.05  # any request: scheduling noise on a loaded CI machine, GC
+SECONDS_PER_BYTE = 2e-6  # ~3x tokenizing; a per-declared-item loop is 1000s of times more
+_DIMS = st.integers(-(2**40), 2**40) | st.sampled_from([0, 1, 2, 10**6, 2**31, 2**62, -1])
+
+
+@st.composite
+def declared_requests(draw: st.DrawFn) -> tuple[str, Message]:
+    """A request whose declared size (shapes, counts) has nothing to do with what it
+    carries: OIP ``input_ids`` / ``text`` with wild shapes and a few bytes of contents, or
+    an EmbedBatch of many empty inputs."""
+    kind = draw(st.sampled_from(["input_ids", "text", "batch"]))
+    if kind == "batch":
+        n = draw(st.integers(0, 3000) | st.sampled_from([0, 1, 4, 5, 3000]))
+        return "EmbedBatch", pb.EmbedBatchRequest(inputs=[pb.EmbedInput()] * n)
+    tensor = oip.ModelInferRequest.InferInputTensor(
+        name=kind, datatype=draw(st.sampled_from(["INT64", "INT32", "BYTES"])),
+        shape=draw(st.lists(_DIMS, min_size=0, max_size=3)))
+    request = oip.ModelInferRequest(model_name="tiny", inputs=[tensor])
+    if draw(st.booleans()):
+        request.raw_input_contents.append(draw(st.binary(max_size=64)))
+    elif kind == "input_ids":
+        tensor.contents.int64_contents.extend(draw(st.lists(IDS, max_size=8)))
+    else:
+        tensor.contents.bytes_contents.extend(draw(st.lists(st.binary(max_size=8),
+                                                            max_size=4)))
+    return "ModelInfer", request
+
+
+def _server_seconds(handle: ServerHandle, rpc: str) -> float:
+    return sum(child.sum for labels, child  # type: ignore[attr-defined]
+               in handle.server.metrics.request_duration._children.items() if labels[0] == rpc)
+
+
+@FUZZ
+@given(case=declared_requests())
+@example(case=("ModelInfer", oip.ModelInferRequest(model_name="tiny", inputs=[
+    oip.ModelInferRequest.InferInputTensor(name="input_ids", datatype="INT64",
+                                           shape=[10**9, 0])])))
+@example(case=("EmbedBatch", pb.EmbedBatchRequest(inputs=[pb.EmbedInput()] * 4000)))
+def test_cost_per_request_byte_is_bounded(fuzz_server: ServerHandle, channel: grpc.Channel,
+                                          stub: pb_grpc.EmbeddingServiceStub, oracle: Oracle,
+                                          case: tuple[str, Message]) -> None:
+    """What the server spends in Python on a request is bounded by the bytes it was sent,
+    not by the sizes it declares (B = 10**9 sequences of nothing costs what B = 1 does)."""
+    rpc, request = case
+    path = ("/inference.GRPCInferenceService/" if rpc == "ModelInfer" else SERVICE) + rpc
+    call = channel.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
+                               response_deserializer=lambda b: b)
+    size = request.ByteSize()
+    bound = SECONDS_FLOOR + size * SECONDS_PER_BYTE
+    spent = []
+    for _ in range(3):  # a real cost repeats; a stall of this loaded machine does not
+        before = _server_seconds(fuzz_server, rpc)
+        code, details = Code.OK, ""
+        try:
+            call(request, timeout=10)
+        except grpc.RpcError as err:
+            code, details = err.code(), err.details()
+        assert code not in (Code.INTERNAL, Code.UNKNOWN), details
+        spent.append(_server_seconds(fuzz_server, rpc) - before)
+        if spent[-1] <= bound:
+            break
+    event(f"{rpc}: {'under' if min(spent) < 1e-3 else 'over'} 1 ms")
+    assert min(spent) <= bound, (spent, size)
+    still_serves(stub, oracle)
 
 
 # -- regressions the fuzzing found ----------------------------------------------------------
