@@ -55,9 +55,10 @@ def tokenized(guarded: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> Iterato
     calls: list[int] = []
     encode = tokenizer.encode
 
-    def counting(text: str, allow_special: bool) -> list[int]:
+    def counting(text: str, allow_special: bool,
+                 add_special: bool | None = None) -> list[int]:
         calls.append(len(text))
-        return encode(text, allow_special)
+        return encode(text, allow_special, add_special)
 
     monkeypatch.setattr(tokenizer, "encode", counting)
     return calls
