@@ -77,6 +77,16 @@ class ServerConfig:
     otlp_endpoint: str = ""
     # Fraction of new traces recorded; a client's sampled/unsampled traceparent is obeyed.
     trace_sample_ratio: float = 1.0
+    # --- identities and shared memory (service/rpc/identity.py, service/engine/shm.py) ---
+    # File of `name token` lines: one bearer token per client, whose name is the identity
+    # that owns its shared-memory regions; re-read when it changes (looked at <= 1/s).
+    auth_tokens: str = ""
+    # Serve the shared-memory RPCs to non-loopback peers (refused: PERMISSION_DENIED).
+    shm_allow_remote: bool = False
+    # Regions one identity may hold at once, and all identities together (each region
+    # holds one open descriptor; nothing is mapped); beyond: RESOURCE_EXHAUSTED.
+    max_shm_regions_per_identity: int = 16
+    max_shm_regions: int = 1024
 
     def __post_init__(self) -> None:
         if self.table_dtype not in ("float32", "bfloat16", "float16"):
@@ -93,10 +103,20 @@ class ServerConfig:
             raise ValueError("workers must be >= 1")
         if not 0.0 <= self.trace_sample_ratio <= 1.0:
             raise ValueError(f"trace_sample_ratio {self.trace_sample_ratio}: 0..1")
+        if not 0 < self.max_shm_regions_per_identity <= self.max_shm_regions:
+            raise ValueError("need 0 < max_shm_regions_per_identity <= max_shm_regions")
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _bool(text: str) -> bool:
+    """A boolean flag's value: true/false, 1/0, yes/no, on/off."""
+    value = text.strip().lower()
+    if value not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+        raise ValueError(f"{text!r} is not a boolean (true/false)")
+    return value in ("true", "1", "yes", "on")
 
 
 def parse_config(argv: Sequence[str] | None = None,
@@ -109,13 +129,14 @@ def parse_config(argv: Sequence[str] | None = None,
     for f in fields(ServerConfig):
         default = getattr(defaults, f.name)
         env_name = "EMBED_" + f.name.upper()
-        kind = type(default)
+        kind = _bool if isinstance(default, bool) else type(default)
         parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None,
                             help=f"(env {env_name}; default {default!s})")
     ns = parser.parse_args(argv)
     values: dict[str, object] = {}
     for f in fields(ServerConfig):
-        kind = type(getattr(defaults, f.name))
+        kind = _bool if isinstance(getattr(defaults, f.name), bool) \
+            else type(getattr(defaults, f.name))
         value = getattr(ns, f.name)
         if value is None and ("EMBED_" + f.name.upper()) in env:
             raw = env["EMBED_" + f.name.upper()]
