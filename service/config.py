@@ -105,6 +105,16 @@ class ServerConfig:
     # The page at / on the HTTP port: --ui / --no-ui (EMBED_UI=1/0); unset = on unless
     # --auth-token is set (the page is for a person at a browser, not for a locked service).
     ui: bool | None = None
+    # --- identities and shared memory (service/rpc/identity.py, service/engine/shm.py) ---
+    # File of `name token` lines: one bearer token per client, whose name is the identity
+    # that owns its shared-memory regions; re-read when it changes (looked at <= 1/s).
+    auth_tokens: str = ""
+    # Serve the shared-memory RPCs to non-loopback peers (refused: PERMISSION_DENIED).
+    shm_allow_remote: bool = False
+    # Regions one identity may hold at once, and all identities together (each region
+    # holds one open descriptor; nothing is mapped); beyond: RESOURCE_EXHAUSTED.
+    max_shm_regions_per_identity: int = 16
+    max_shm_regions: int = 1024
 
     def __post_init__(self) -> None:
         if self.table_dtype not in ("stored", *TABLE_DTYPE_NAMES):
@@ -128,6 +138,8 @@ class ServerConfig:
             raise ValueError("workers must be >= 1")
         if not 0.0 <= self.trace_sample_ratio <= 1.0:
             raise ValueError(f"trace_sample_ratio {self.trace_sample_ratio}: 0..1")
+        if not 0 < self.max_shm_regions_per_identity <= self.max_shm_regions:
+            raise ValueError("need 0 < max_shm_regions_per_identity <= max_shm_regions")
 
 
 def _flag(name: str) -> str:

@@ -16,6 +16,7 @@ __all__ = [
     "FailedPrecondition",
     "InvalidArgument",
     "NotFound",
+    "PermissionDenied",
     "RequestTooLarge",
     "ResourceExhausted",
     "Unauthenticated",
@@ -81,6 +82,13 @@ class DeadlineExceeded(EmbedError):
     """The deadline passed before compute; no work was done."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class PermissionDenied(EmbedError):
+    """The caller may not do this here: a shared-memory RPC from a non-local peer, or a
+    shared-memory object another identity has registered."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class Unauthenticated(EmbedError):

@@ -28,11 +28,13 @@ from service.dtypes import BY_NAME
 from service.engine.batcher import Batcher
 from service.engine.engine import Engine
 from service.engine.repository import LoadedModel, Repository, parse_pins
+from service.engine.shm import SharedMemoryRegistry
 from service.engine.tables import resolve_device
 from service.engine.validation import Limits
 from service.metrics import Metrics
 from service.rpc.frame import Frame
 from service.rpc.http import HttpFront, server_ssl_context
+from service.rpc.identity import Identities
 from service.rpc.native import SERVICE_NAME, NativeFront
 from service.rpc.oip import OIP_SERVICE_NAME, OipFront
 from service.rpc.pacing import StreamBudgets
@@ -64,9 +66,13 @@ class EmbeddingServer:
             self.repo, self.batcher, self.metrics,
             Limits(config.max_tokens_per_request, config.max_text_bytes,
                    config.max_message_bytes, config.max_output_bytes,
-                   config.max_inputs_per_request, config.max_request_text_bytes), self._pool)
+                   config.max_inputs_per_request, config.max_request_text_bytes), self._pool,
+            SharedMemoryRegistry(allow_remote=config.shm_allow_remote,
+                                 max_per_identity=config.max_shm_regions_per_identity,
+                                 max_regions=config.max_shm_regions))
         # One frame and one engine for every front: the same auth, limits, batches, regions.
-        self.frame = Frame(self.engine, config.auth_token)
+        self.frame = Frame(self.engine, identities=Identities(
+            config.auth_token, config.auth_tokens, tls_subject=bool(config.tls_client_ca)))
         budgets = StreamBudgets(config.max_stream_buffer_bytes, config.max_unsent_bytes)
         self.fronts = (NativeFront(self.engine, self.frame, budgets),
                        OipFront(self.engine, self.frame))

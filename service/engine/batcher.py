@@ -226,7 +226,10 @@ class Batcher:
                 jobs[0].tables.embed_into([(job.ids, job.spans, job.dest.rows) for job in jobs],
                                           jobs[0].compose)
                 for i, job in zip(members, jobs):
-                    results[i] = self._finish(job, start_ns, t0)
+                    try:  # a destination that cannot take its rows fails its own job only
+                        results[i] = self._finish(job, start_ns, t0)
+                    except Exception as e:
+                        results[i] = e
             except Exception as e:  # one failed group must not fail its batch-mates
                 for i in members:
                     results[i] = e

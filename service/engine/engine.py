@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,11 +22,11 @@ from service.dtypes import BY_WIRE
 from service.engine.admission import Admission, Admitter, Input, Options
 from service.engine.batcher import Batcher, Destination, Timing
 from service.engine.repository import LoadedModel, Repository
-from service.engine.shm import SharedMemoryRegistry, ShmDestination
+from service.engine.shm import Caller, SharedMemoryRegistry, ShmPlan
 from service.engine.validation import Limits, check_text
 from service.metrics import Metrics
 
-__all__ = ["Engine", "RowSlice", "ShmPlan"]
+__all__ = ["Engine", "RowSlice"]
 
 
 class RowSlice:
@@ -42,20 +42,6 @@ class RowSlice:
         """Nothing to complete: the owner of the whole output finishes it."""
         del self.rows
         return timing
-
-
-class ShmPlan:
-    """Where a request's rows go in a shared-memory region, planned before any work."""
-
-    __slots__ = ("byte_size", "rows")
-
-    def __init__(self, rows: torch.Tensor) -> None:
-        self.rows = rows  # the output's shape, a view of the region
-        self.byte_size = rows.numel() * rows.element_size()
-
-    def destination(self, encode: Callable[[Timing], Any]) -> ShmDestination:
-        """The batcher destination: every row, flattened to (N, C)."""
-        return ShmDestination(self.rows.view(-1, self.rows.shape[-1]), encode)
 
 
 class Engine:
@@ -97,11 +83,12 @@ class Engine:
             self._pool, model.tokenizer.encode, text, allow_special)
         return ids
 
-    def plan_shm(self, region: str, offset: int, shape: tuple[int, ...], dtype: int,
-                 field: str) -> ShmPlan:
-        """Rows of ``shape`` in the output ``dtype`` (wire enum) inside a registered
-        region, bounds-checked now."""
-        return ShmPlan(self.shm.rows(region, offset, shape, BY_WIRE[dtype].torch, field))
+    def plan_shm(self, caller: Caller, region: str, offset: int, shape: tuple[int, ...],
+                 dtype: int, field: str, byte_size: int | None = None) -> ShmPlan:
+        """Rows of ``shape`` in the output ``dtype`` (wire enum) for one of the caller's
+        regions, bounds-checked now (against the region and the request's ``byte_size``)."""
+        return self.shm.plan(caller, region, offset, shape, BY_WIRE[dtype].torch, field,
+                             byte_size)
 
     async def run(self, admission: Admission, dest: Destination, start_ns: int,
                   deadline: float | None, request_id: str) -> Any:

@@ -5,6 +5,11 @@ one). A version that fails verification is refused with one clear log line, reme
 (by path and mtime) so it is not retried every poll, and the version already loaded keeps
 serving. Swaps are a single dict assignment, so a request sees either the old or the new
 version, never half of each.
+
+One bad entry never stops a scan: whatever a version holds (any exception while loading
+it), it is refused and skipped; a folder that is not a version (``²``, ``01``, ``abc``) is
+ignored with one log line; a model folder that cannot be listed is skipped. The server
+starts with the valid versions, and hot reload keeps working for every other model.
 """
 
 from __future__ import annotations
@@ -20,13 +25,20 @@ import torch
 
 from service.engine.tables import EmbeddingTables
 from service.errors import FailedPrecondition, NotFound, Unavailable, quote
-from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
+from service.format.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    is_version_name,
+    list_versions,
+    read_checkpoint,
+)
 from service.format.hf_tokenizer import TextTokenizer, load_text_tokenizer
 from service.format.positions import sinusoidal_table
 
 __all__ = ["LoadedModel", "Repository", "load_model", "parse_pins", "public_reason"]
 
 log = logging.getLogger("service.engine.repository")
+_MAX_SINUSOIDAL = 1 << 28  # elements of a computed position table (1 GiB of fp32)
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,9 @@ def load_model(name: str, version_dir: Path, device: torch.device,
                                   f"manifest vocab_size is {m.vocab_size}")
     position_table = ckpt.position_table
     if m.position == "sinusoidal":
+        if m.max_seq_len * m.dim > _MAX_SINUSOIDAL:
+            raise CheckpointError(f"{version_dir.name}: a sinusoidal table of max_seq_len "
+                                  f"{m.max_seq_len} x dim {m.dim} is too large")
         position_table = sinusoidal_table(m.max_seq_len, m.dim)  # (max_seq_len, C)
     tables = EmbeddingTables(ckpt.token_table, position_table, device, table_dtype,
                              m.rules, ckpt.rule_tensors)
@@ -121,7 +136,7 @@ class Repository:
         self._models: dict[str, LoadedModel] = {}
         self._refused: dict[Path, float] = {}  # version dir -> mtime when it was refused
         self._reasons: dict[Path, str] = {}  # version dir -> why it was refused
-        self._unreadable_dirs: set[Path] = set()  # directories already logged as unlistable
+        self._ignored: set[Path] = set()  # entries logged once as not a version / unreadable
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -158,15 +173,11 @@ class Repository:
             return []
         models = self._models
         rows = []
-        try:
-            model_dirs = sorted(p for p in self.root.iterdir() if p.is_dir())
-        except PermissionError:
-            return []
-        for model_dir in model_dirs:
+        for model_dir in self._model_dirs():
             loaded = models.get(model_dir.name)
             try:
                 versions = list_versions(model_dir)
-            except PermissionError:
+            except OSError:
                 continue
             for version in versions:
                 reason = self._reasons.get(model_dir / str(version))
@@ -184,31 +195,37 @@ class Repository:
         if not self.root.is_dir():
             return []
         loaded: list[LoadedModel] = []
-        try:
-            model_dirs = sorted(p for p in self.root.iterdir() if p.is_dir())
-        except PermissionError as e:
-            self._log_unreadable(e, self.root)
-            return []
-        for model_dir in model_dirs:
+        for model_dir in self._model_dirs():
             try:
                 candidate = self._load_newest(model_dir)
-            except PermissionError as e:  # the model directory itself cannot be listed
-                self._log_unreadable(e, model_dir)
+            except OSError as e:  # the model folder itself cannot be listed
+                self._ignore(model_dir, _unlistable(e, model_dir))
                 continue
             if candidate is not None:
                 self._models = {**self._models, candidate.name: candidate}
                 loaded.append(candidate)
         return loaded
 
-    def _log_unreadable(self, e: PermissionError, path: Path) -> None:
-        """One error line per unreadable directory (not one per poll)."""
-        if path not in self._unreadable_dirs:
-            self._unreadable_dirs.add(path)
-            log.error("cannot scan %s: %s", path, unreadable_message(e, path))
+    def _model_dirs(self) -> list[Path]:
+        try:
+            return sorted(p for p in self.root.iterdir() if p.is_dir())
+        except OSError as e:
+            self._ignore(self.root, _unlistable(e, self.root))
+            return []
+
+    def _ignore(self, path: Path, why: str) -> None:
+        """One log line per path for an entry the scan skips (not a refused version)."""
+        if path not in self._ignored:
+            self._ignored.add(path)
+            log.warning("ignored %s: %s", ascii(str(path)), why)
 
     def _load_newest(self, model_dir: Path) -> LoadedModel | None:
         name = model_dir.name
         current = self._models.get(name)
+        for entry in model_dir.iterdir():
+            if not entry.name.startswith(".") and not is_version_name(entry.name):
+                self._ignore(entry, "not a version folder (a positive integer in ASCII "
+                                    "digits, no leading zero)")
         versions = list_versions(model_dir)
         if name in self._pins:
             versions = [v for v in versions if v == self._pins[name]]
@@ -221,12 +238,15 @@ class Repository:
                 continue
             try:
                 model = load_model(name, version_dir, self.device, self.table_dtype)
-            except (CheckpointError, ValueError, OSError) as e:
+            except Exception as e:  # whatever is on disk: refuse it, keep scanning
                 denied = _permission_error(e)
-                reason = unreadable_message(denied, version_dir) if denied else str(e)
+                reason = (unreadable_message(denied, version_dir) if denied
+                          else str(e) if isinstance(e, CheckpointError | ValueError | OSError)
+                          else f"{type(e).__name__}: {e}")
                 self._refused[version_dir] = mtime
                 self._reasons[version_dir] = reason
-                log.error("refused model=%s version=%d: %s", name, version, reason)
+                log.error("refused model=%s version=%d: %s", name, version,
+                          reason.replace("\n", " "))
                 if self._on_load:
                     self._on_load(name, version, "error")
                 continue
@@ -243,6 +263,12 @@ class Repository:
                 self._on_load(name, version, "ok")
             return model
         return None
+
+
+def _unlistable(e: OSError, where: Path) -> str:
+    """Why a directory cannot be listed: the plain permission message, or the OS's word."""
+    denied = _permission_error(e)
+    return unreadable_message(denied, where) if denied else f"cannot be listed ({e.strerror})"
 
 
 def _permission_error(e: BaseException | None) -> PermissionError | None:

@@ -1,41 +1,120 @@
 """System shared memory (Triton-style): outputs written straight into a client's region.
 
 A client creates a POSIX shared-memory object (a file under ``/dev/shm``), registers it by
-name with a key, offset and size, and names region + offset in a request. The lookup then
-writes the [T, C] rows into the mapped region (one copy: the gather itself, or the
-cast-copy from the fp32 scratch), and the response carries only shape, dtype and the byte
-range, so the tensor never crosses the transport.
+name with a key, offset and size, and names region + offset in a request. The lookup
+writes the [T, C] rows into a private buffer and ``os.pwrite`` copies them into the object;
+the response carries only shape, dtype and the byte range, so the tensor never crosses the
+transport.
 
-Safety: a key is a plain object name (``/name`` or ``name``: no other slash, no ``..``),
-opened under ``/dev/shm`` with ``O_NOFOLLOW`` and never created, so no request can reach a
-file outside ``/dev/shm``; every write is bounds-checked against the registered range and
-the object's size at registration. Unregistering drops the registry's reference only: a
-request in flight holds its own reference to the mapping (the tensor view keeps the
-``mmap`` alive), so its rows land in memory that is still mapped and nothing is
-corrupted; the mapping is released when its last user is done.
+Safe against its own users, by construction:
+
+- **No mapping.** A region is an open descriptor, never an ``mmap``: the object's owner can
+  shrink, truncate or unlink it at any time, and a write is a ``pwrite`` that fails with an
+  errno (or extends the object again) where a store into a shrunk mapping would kill the
+  process with SIGBUS. Before each write the object's size and link count are checked, so
+  a shrunk or unlinked object gets FAILED_PRECONDITION naming the region; a shrink that
+  races the check only makes the write extend the object again. Nothing is mapped, so
+  registrations cost one descriptor each and no address space.
+- **Tenancy.** A region belongs to the identity that registered it (``Caller.identity``,
+  resolved by the frame from the token or certificate; "" when auth is off: one
+  namespace). Listing, unregistering (``""`` = all of the caller's own) and writing see
+  only the caller's regions; another identity's region is "not registered". One object
+  (device + inode) is registered by one identity at a time.
+- **Local peers only.** Every shared-memory call from a peer that is not loopback or a
+  Unix socket is PERMISSION_DENIED unless ``allow_remote`` (``--shm-allow-remote``).
+- **Bounds.** Every write is checked against the region's ``byte_size`` (and a request's
+  own ``byte_size`` bound, as Triton's ``shared_memory_byte_size``); registrations are
+  capped per identity and in all (RESOURCE_EXHAUSTED).
+- **Names.** A key is a plain object name (``/name``: ASCII letters, digits, ``._-``), opened
+  under ``/dev/shm`` with ``O_NOFOLLOW``, never created, and must be a regular file; a
+  region name is printable and short. Anything else is INVALID_ARGUMENT.
+
+Unregistering drops the registry's reference only: a request in flight holds its region
+(and so its descriptor), finishes, and the descriptor is closed after it.
 """
 
 from __future__ import annotations
 
-import mmap
+import contextlib
+import ipaddress
 import os
+import re
+import stat
 import threading
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from service.engine.batcher import Timing
-from service.errors import AlreadyExists, InvalidArgument, NotFound, quote
+from service.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
 
-__all__ = ["SHM_ROOT", "Region", "SharedMemoryRegistry", "ShmDestination"]
+__all__ = ["SHM_ROOT", "Caller", "Region", "SharedMemoryRegistry", "ShmDestination", "ShmPlan",
+           "is_local_peer"]
 
 SHM_ROOT = Path("/dev/shm")
+MAX_NAME_CHARS = 128  # a region name's length
+_KEY = re.compile(r"[A-Za-z0-9._-]{1,255}")  # an object name under /dev/shm (NAME_MAX)
+_LOCAL_SCHEMES = ("unix:", "unix-abstract:")
 
 
-@dataclass(frozen=True)
+class Caller(Protocol):
+    """Who asks (the frame's ``Call`` is one): the identity owning regions, the peer."""
+
+    @property
+    def identity(self) -> str: ...
+
+    @property
+    def peer(self) -> str: ...
+
+
+def is_local_peer(peer: str) -> bool:
+    """A Unix socket or a loopback address (``ipv4:127.0.0.1:5``, ``ipv6:[::1]:5``, also
+    percent-encoded as newer gRPC writes it)."""
+    if peer.startswith(_LOCAL_SCHEMES):
+        return True
+    scheme, _, rest = peer.partition(":")
+    if scheme not in ("ipv4", "ipv6"):
+        return False
+    host = urllib.parse.unquote(rest).rpartition(":")[0].strip("[]")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _short(value: str, limit: int = 64) -> str:
+    """A value quoted for a message: repr, at most ``limit`` characters of it."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + "…"
+
+
+class _Descriptor:
+    """An open descriptor of one object, closed when its last holder lets it go."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+@dataclass(frozen=True, eq=False)
 class Region:
     """A registered region: ``byte_size`` bytes from ``offset`` of object ``key``."""
 
@@ -43,110 +122,203 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap  # the object's pages [offset, offset + byte_size), mapped shared
+    owner: str  # the identity that registered it
+    inode: tuple[int, int]  # (st_dev, st_ino) of the object
+    handle: _Descriptor
+
+    def write(self, at: int, data: memoryview) -> None:
+        """``data`` at ``at`` bytes into the region: pwrite, never a store into a mapping."""
+        fd, n = self.handle.fd, len(data)
+        where = self.offset + at
+        try:
+            st = os.fstat(fd)
+            if st.st_nlink == 0:
+                raise FailedPrecondition(
+                    f"shared-memory object {_short(self.key)} of region {_short(self.name)} "
+                    f"was unlinked; create it again and re-register the region")
+            if st.st_size < where + n:
+                raise FailedPrecondition(
+                    f"shared-memory object {_short(self.key)} of region {_short(self.name)} "
+                    f"is now {st.st_size} bytes, shrunk below the {where + n} this output "
+                    f"needs; re-register the region after resizing it")
+            done = 0
+            while done < n:  # a shrink racing the check only makes this extend it again
+                written = os.pwrite(fd, data[done:], where + done)
+                if written <= 0:
+                    raise OSError(0, "no progress")
+                done += written
+        except OSError as e:
+            raise FailedPrecondition(
+                f"shared-memory object {_short(self.key)} of region {_short(self.name)} "
+                f"cannot be written: {e.strerror}") from None
 
 
 class SharedMemoryRegistry:
-    """Registered regions by name; safe to use from the event loop and the compute thread."""
+    """Registered regions by (owner, name); safe from the event loop and compute thread."""
 
-    def __init__(self, root: Path = SHM_ROOT) -> None:
+    def __init__(self, root: Path = SHM_ROOT, allow_remote: bool = False,
+                 max_per_identity: int = 16, max_regions: int = 1024) -> None:
         self.root = root
-        self._regions: dict[str, Region] = {}
+        self.allow_remote = allow_remote
+        self.max_per_identity = max_per_identity
+        self.max_regions = max_regions
+        self._regions: dict[tuple[str, str], Region] = {}
         self._lock = threading.Lock()
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> Region:
-        """Map ``byte_size`` bytes at ``offset`` of the object ``key`` under this name."""
-        if not name:
-            raise InvalidArgument("region name is empty")
+    def check_peer(self, caller: Caller) -> None:
+        """PERMISSION_DENIED for a non-local peer unless remote use is allowed."""
+        if not self.allow_remote and not is_local_peer(caller.peer):
+            raise PermissionDenied(
+                "shared-memory calls are served to local peers only (loopback or a Unix "
+                "socket); this peer is not local (the server's --shm-allow-remote enables "
+                "them)")
+
+    def register(self, caller: Caller, name: str, key: str, offset: int,
+                 byte_size: int) -> Region:
+        """Open the object ``key`` as region ``name`` of the caller, bounds-checked now."""
+        self.check_peer(caller)
+        _check_name(name)
         path = self._path(key)
         if byte_size <= 0:
-            raise InvalidArgument(f"byte_size={byte_size} of region {quote(name)} must be > 0")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise NotFound(f"shared-memory object {quote(key)} does not exist under "
-                           f"{self.root}") from None
-        except OSError as e:  # a symlink (ELOOP), a directory, no permission
-            raise InvalidArgument(f"shared-memory object {quote(key)} cannot be opened: "
-                                  f"{e.strerror}") from None
-        try:
-            size = os.fstat(fd).st_size
-            if offset + byte_size > size:
-                raise InvalidArgument(
-                    f"region {quote(name)}: offset {offset} + byte_size {byte_size} = "
-                    f"{offset + byte_size} exceeds the size of {quote(key)} ({size} bytes)")
-            # mmap offsets must be page-aligned: map from the page start, view from offset.
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            mapping = mmap.mmap(fd, offset + byte_size - start, mmap.MAP_SHARED,
-                                mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
-        finally:
-            os.close(fd)
-        region = Region(name, key, offset, byte_size, mapping)
+            raise InvalidArgument(f"byte_size={byte_size} of region {_short(name)} must be > 0")
         with self._lock:
-            if name in self._regions:
-                raise AlreadyExists(f"region {quote(name)} is already registered; unregister it "
-                                    f"first")
-            self._regions[name] = region
+            self._check_room(caller.identity, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise NotFound(f"shared-memory object {_short(key)} does not exist under "
+                           f"{self.root}") from None
+        except OSError as e:  # a symlink (ELOOP), a directory, no permission, no fds
+            raise InvalidArgument(f"shared-memory object {_short(key)} cannot be opened: "
+                                  f"{e.strerror}") from None
+        handle = _Descriptor(fd)  # closes fd whenever it is dropped, on any path
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidArgument(f"shared-memory object {_short(key)} is not a regular file")
+        if offset + byte_size > st.st_size:
+            raise InvalidArgument(
+                f"region {_short(name)}: offset {offset} + byte_size {byte_size} = "
+                f"{offset + byte_size} exceeds the size of {_short(key)} ({st.st_size} bytes)")
+        region = Region(name, key, offset, byte_size, caller.identity,
+                        (st.st_dev, st.st_ino), handle)
+        with self._lock:
+            self._check_room(caller.identity, name)  # again: another call may have won
+            for other in self._regions.values():
+                if other.inode == region.inode and other.owner != region.owner:
+                    raise PermissionDenied(f"shared-memory object {_short(key)} is registered "
+                                           f"by another client")
+            self._regions[(caller.identity, name)] = region
         return region
 
-    def unregister(self, name: str) -> None:
-        """Forget one region ("" = every region); requests in flight keep their mapping."""
-        with self._lock:
-            if not name:
-                self._regions.clear()
-            elif self._regions.pop(name, None) is None:
-                raise NotFound(f"region {quote(name)} is not registered")
+    def _check_room(self, owner: str, name: str) -> None:
+        if (owner, name) in self._regions:
+            raise AlreadyExists(f"region {_short(name)} is already registered; unregister it "
+                                f"first")
+        mine = sum(1 for o, _ in self._regions if o == owner)
+        if mine >= self.max_per_identity:
+            raise ResourceExhausted(f"{mine} regions registered by this client: "
+                                    f"max_shm_regions_per_identity={self.max_per_identity}; "
+                                    f"unregister one first")
+        if len(self._regions) >= self.max_regions:
+            raise ResourceExhausted(f"{len(self._regions)} regions registered: "
+                                    f"max_shm_regions={self.max_regions}; retry later")
 
-    def regions(self, name: str = "") -> list[Region]:
-        """Every registered region, or the one named."""
+    def unregister(self, caller: Caller, name: str) -> None:
+        """Forget one of the caller's regions ("" = every one of the caller's own);
+        requests in flight keep theirs until they finish."""
+        self.check_peer(caller)
         with self._lock:
             if not name:
-                return [self._regions[n] for n in sorted(self._regions)]
-            region = self._regions.get(name)
+                for key in [k for k in self._regions if k[0] == caller.identity]:
+                    del self._regions[key]
+            elif self._regions.pop((caller.identity, name), None) is None:
+                raise NotFound(f"region {_short(name)} is not registered")
+
+    def regions(self, caller: Caller, name: str = "") -> list[Region]:
+        """The caller's registered regions, or the one named."""
+        self.check_peer(caller)
+        with self._lock:
+            if not name:
+                return [r for (owner, _), r in sorted(self._regions.items())
+                        if owner == caller.identity]
+            region = self._regions.get((caller.identity, name))
         if region is None:
-            raise NotFound(f"region {quote(name)} is not registered")
+            raise NotFound(f"region {_short(name)} is not registered")
         return [region]
 
-    def rows(self, name: str, offset: int, shape: tuple[int, ...], dtype: torch.dtype,
-             field: str) -> torch.Tensor:
-        """A writable view of ``shape`` rows at ``offset`` inside region ``name``."""
+    def plan(self, caller: Caller, name: str, offset: int, shape: tuple[int, ...],
+             dtype: torch.dtype, field: str, byte_size: int | None = None) -> ShmPlan:
+        """Where ``shape`` rows of ``dtype`` go: ``offset`` bytes into the caller's region
+        ``name``, within the region and within ``byte_size`` (the request's own bound)."""
         if not name:  # "" lists every region elsewhere; here it names none
             raise InvalidArgument(f"{field}.region is empty: name a registered region")
-        (region,) = self.regions(name)
+        (region,) = self.regions(caller, name)
         nbytes = dtype.itemsize
         for n in shape:
             nbytes *= n
-        if offset + nbytes > region.byte_size:
+        limit, what = region.byte_size - offset, f"region {_short(name)} has " \
+            f"{region.byte_size} bytes"
+        if byte_size is not None and byte_size < limit:
+            limit, what = byte_size, f"the request allows {byte_size} bytes"
+        if offset < 0 or nbytes > limit:
+            row = nbytes // max(1, shape[-2]) if len(shape) >= 2 else nbytes
             raise InvalidArgument(
-                f"{field}: the output needs {nbytes} bytes at offset {offset} but region "
-                f"{quote(name)} has {region.byte_size} bytes; the largest T that fits is "
-                f"{max(0, region.byte_size - offset) // (nbytes // max(1, shape[-2]))}"
-                if len(shape) >= 2 else f"{field}: region {quote(name)} is too small")
-        start = region.offset % mmap.ALLOCATIONGRANULARITY + offset  # inside the mapping
-        if nbytes == 0:
-            return torch.empty(shape, dtype=dtype)
-        # frombuffer holds a reference to the mmap: it stays mapped while the view lives.
-        flat = torch.frombuffer(region.mapping, dtype=torch.uint8, count=nbytes, offset=start)
-        return flat.view(dtype).view(shape)
+                f"{field}: the output needs {nbytes} bytes at offset {offset} but {what}; "
+                f"the largest T that fits is {max(0, limit) // max(1, row)}")
+        return ShmPlan(region, offset, shape, dtype)
 
     def _path(self, key: str) -> Path:
         name = key[1:] if key.startswith("/") else key
-        if not name or "/" in name or "\x00" in name or name in (".", ".."):
-            raise InvalidArgument(f"shared-memory key {quote(key)} must name an object directly "
-                                  f"under {self.root} (like '/my-region'): no other '/'")
+        if not _KEY.fullmatch(name) or name in (".", ".."):
+            raise InvalidArgument(f"shared-memory key {_short(key)} must name an object "
+                                  f"directly under {self.root} (like '/my-region': ASCII "
+                                  f"letters, digits, '.', '_', '-'; no other '/')")
         return self.root / name
 
 
+def _check_name(name: str) -> None:
+    if not name:
+        raise InvalidArgument("region name is empty")
+    if len(name) > MAX_NAME_CHARS or not name.isprintable():
+        raise InvalidArgument(f"region name {_short(name)} must be printable and at most "
+                              f"{MAX_NAME_CHARS} characters")
+
+
+class ShmPlan:
+    """A request's rows for a region: written into a private buffer by the lookup, then
+    copied into the object by ``write`` (pwrite)."""
+
+    __slots__ = ("_at", "byte_size", "region", "rows")
+
+    def __init__(self, region: Region, at: int, shape: tuple[int, ...],
+                 dtype: torch.dtype) -> None:
+        self.region = region  # held: its descriptor stays open until the rows are written
+        self._at = at
+        self.rows = torch.empty(shape, dtype=dtype)  # the output's shape, private memory
+        self.byte_size = self.rows.numel() * self.rows.element_size()
+
+    def write(self) -> None:
+        """The rows into the region (FAILED_PRECONDITION if the object shrank or went)."""
+        if self.byte_size:
+            self.region.write(self._at, self.rows.reshape(-1).view(torch.uint8).numpy().data)
+
+    def destination(self, encode: Callable[[Timing], Any]) -> ShmDestination:
+        """The batcher destination: every row, flattened to (N, C)."""
+        return ShmDestination(self, encode)
+
+
 class ShmDestination:
-    """A job's rows in a region; ``finish`` builds the (small) response message."""
+    """A job's rows for a region; ``finish`` writes them there and builds the (small)
+    response message."""
 
-    __slots__ = ("_encode", "rows")
+    __slots__ = ("_encode", "_plan", "rows")
 
-    def __init__(self, rows: torch.Tensor, encode: Callable[[Timing], Any]) -> None:
-        self.rows = rows  # (N, C) view of the region
+    def __init__(self, plan: ShmPlan, encode: Callable[[Timing], Any]) -> None:
+        self._plan = plan
+        self.rows = plan.rows.view(-1, plan.rows.shape[-1])  # (N, C)
         self._encode = encode
 
     def finish(self, timing: Timing) -> Any:
-        """The response, with the timing; the rows are already in the region."""
-        del self.rows  # release the mapping as soon as the rows are written
+        """Write the rows into the region, then the response with the timing."""
+        self._plan.write()
         return self._encode(timing)

@@ -12,16 +12,24 @@ A model repository holds ``models/<model>/<version>/`` (version a positive integ
 Safetensors only: nothing here unpickles. Every file's sha256 is checked at load.
 Versions are written under a temporary name and renamed into place, so a reader never
 sees half a version. ``checkpoint_id`` is the sha256 of manifest.json.
+
+Reading is safe against the disk changing under it: a table file is read once into
+private anonymous memory, its sha256 computed over exactly those bytes, and the tensors
+are built on that buffer. Nothing served is a map of the file, so a checkpoint truncated
+or rewritten in place while served can neither crash the server (no SIGBUS) nor change
+the rows it serves. Anything malformed (wrong JSON types, a header that is not a mapping,
+offsets outside the file, missing or extra files, NaN/Inf in a table) is a
+``CheckpointError`` naming the file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import mmap
+import math
 import os
+import re
 import shutil
-import struct
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from service.dtypes import BY_TORCH, SAFETENSORS, TABLE_DTYPE_NAMES
@@ -46,9 +55,13 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "Manifest",
+    "check_finite",
+    "is_version_name",
     "list_versions",
     "next_version",
+    "parse_safetensors",
     "read_checkpoint",
+    "read_private",
     "read_safetensors",
     "verify_checkpoint",
     "write_checkpoint",
@@ -65,6 +78,18 @@ POSITION_KINDS = ("learned", "sinusoidal", "none")
 # as another uid than the writer: the image's 10001, a training pod, a CI job).
 FILE_MODE = 0o644
 DIR_MODE = 0o755
+
+_VERSION = re.compile(r"[1-9][0-9]{0,17}")  # a version folder: ASCII digits, no leading 0
+_READ_CHUNK = 4 << 20  # read+hash step: the chunk is hashed while it is still in cache
+_MAX_SIZE = 1 << 31  # bound on vocab_size, table_rows, dim, max_seq_len
+# JSON type of each manifest field (None: may be null); checked before anything is built.
+_MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
+    "format": (str,), "vocab_size": (int,), "table_rows": (int,), "dim": (int,),
+    "max_seq_len": (int,), "position": (str,), "dtype": (str,),
+    "tokenizer": (dict, type(None)), "files": (dict,)}
+_OPTIONAL_TYPES: dict[str, tuple[type, ...]] = {
+    "provenance": (dict, type(None)), "family": (str,), "rules": (dict, type(None)),
+    "hidden_size": (int,)}
 
 
 
@@ -118,6 +143,7 @@ class Manifest:
         """Parse and validate; CheckpointError names the field."""
         try:
             d = json.loads(data)
+            _check_manifest_types(d, where)
             m = cls(vocab_size=int(d["vocab_size"]), table_rows=int(d["table_rows"]),
                     dim=int(d["dim"]), max_seq_len=int(d["max_seq_len"]),
                     position=str(d["position"]), dtype=str(d["dtype"]),
@@ -137,6 +163,8 @@ class Manifest:
         if not (0 < m.vocab_size <= m.table_rows) or m.dim <= 0 or m.max_seq_len <= 0:
             raise CheckpointError(f"{where}: need 0 < vocab_size <= table_rows, dim > 0, "
                                   f"max_seq_len > 0")
+        if max(m.vocab_size, m.table_rows, m.dim, m.max_seq_len) > _MAX_SIZE:
+            raise CheckpointError(f"{where}: sizes above {_MAX_SIZE} are not supported")
         if m.dtype not in TABLE_DTYPE_NAMES:
             raise CheckpointError(f"{where}: dtype {m.dtype!r} not supported")
         if m.hidden_size < 0 or (m.hidden_size and m.hidden_size != m.dim
@@ -170,6 +198,26 @@ class Checkpoint:
         return None if tok is None else self.path / tok.file
 
 
+def _check_manifest_types(d: Any, where: str) -> None:
+    """Every known field has its JSON type (an int is not a bool, a float or a string)."""
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{where}: invalid manifest (a JSON object is needed, not "
+                              f"{type(d).__name__})")
+    for key, types in (*_MANIFEST_TYPES.items(), *_OPTIONAL_TYPES.items()):
+        if key not in d:
+            if key in _MANIFEST_TYPES:
+                raise CheckpointError(f"{where}: invalid manifest (no {key!r})")
+            continue
+        value = d[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise CheckpointError(f"{where}: invalid manifest ({key!r} is a "
+                                  f"{type(value).__name__})")
+    for name, digest in d["files"].items():
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise CheckpointError(f"{where}: invalid manifest (files[{name!r}] is not a "
+                                  f"sha256 hex digest)")
+
+
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -178,57 +226,130 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Memory-map a safetensors file: no copy, no pickle; pages shared via the page cache.
+def read_private(path: Path, sha256: str | None = None) -> np.ndarray:
+    """The whole file, read once into private anonymous memory, its sha256 computed over
+    those very bytes as they arrive (checked against ``sha256`` when given).
 
-    The map is private copy-on-write (torch wants a writable buffer); nothing writes to it.
+    One read, one buffer: what is verified is exactly what is served, and nothing maps the
+    file (a truncation or an in-place rewrite cannot reach it afterwards).
     """
-    with path.open("rb") as f:
+    with path.open("rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise CheckpointError(f"{path.name}: too short for safetensors")
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > size - 8:
-            raise CheckpointError(f"{path.name}: header length {n} past end of file")
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as e:
-            raise CheckpointError(f"{path.name}: header is not JSON") from e
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > 8 + n else None
+        # Private anonymous memory (malloc maps it fresh), untouched until read into. Not
+        # asked for in huge pages: measured, MADV_HUGEPAGE's synchronous compaction made
+        # start-up 2-3x slower here and huge pages do not speed the gather up.
+        buf = np.empty(size, dtype=np.uint8)
+        view = buf.data  # a memoryview of the buffer
+        h = hashlib.sha256()
+        at = 0
+        while at < size:
+            n = f.readinto(view[at: at + _READ_CHUNK])
+            if not n:
+                raise CheckpointError(f"{path.name}: shrank to {at} bytes while read "
+                                      f"(expected {size})")
+            h.update(view[at: at + n])
+            at += n
+    if sha256 is not None and h.hexdigest() != sha256:
+        raise CheckpointError(f"{path.name}: sha256 {h.hexdigest()[:16]}… does not match "
+                              f"manifest {sha256[:16]}… (file changed or corrupt)")
+    return buf
+
+
+def read_safetensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, on one private buffer (``read_private``): no pickle,
+    no map of the file. Every header field is checked before a tensor is built."""
+    buf = read_private(path, sha256)
+    return parse_safetensors(buf, path.name)
+
+
+def parse_safetensors(buf: np.ndarray, where: str) -> dict[str, torch.Tensor]:
+    """Tensors viewing ``buf`` (a whole safetensors file); CheckpointError if malformed."""
+    size = int(buf.shape[0])
+    if size < 8:
+        raise CheckpointError(f"{where}: too short for safetensors")
+    n = int.from_bytes(buf[:8].tobytes(), "little")
+    if n > size - 8:
+        raise CheckpointError(f"{where}: header length {n} past end of file")
+    try:
+        header = json.loads(buf[8: 8 + n].tobytes())
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{where}: header is not JSON") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where}: header is a JSON {type(header).__name__}, not an "
+                              f"object")
     tensors: dict[str, torch.Tensor] = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = SAFETENSORS.get(info.get("dtype"))
-        if dtype is None:
-            raise CheckpointError(f"{path.name}: {name} has unsupported dtype {info.get('dtype')}")
-        shape = [int(s) for s in info["shape"]]
-        begin, end = (int(o) for o in info["data_offsets"])
-        count = 1
-        for s in shape:
-            count *= s
+        dtype, shape, begin, end = _tensor_entry(where, name, info)
+        count = math.prod(shape)
         if end - begin != count * dtype.itemsize or 8 + n + end > size:
-            raise CheckpointError(f"{path.name}: {name} offsets do not match its shape")
-        if count == 0 or mm is None:
+            raise CheckpointError(f"{where}: {name} offsets do not match its shape")
+        if count == 0:
             tensors[name] = torch.empty(shape, dtype=dtype)
             continue
-        flat = torch.frombuffer(mm, dtype=dtype, count=count, offset=8 + n + begin)
+        flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=8 + n + begin)
         tensors[name] = flat.view(shape)
     return tensors
 
 
-def verify_checkpoint(version_dir: Path) -> tuple[Manifest, str]:
-    """Check the manifest and every listed file's sha256; return (manifest, checkpoint_id)."""
+def _tensor_entry(where: str, name: str, info: Any) -> tuple[torch.dtype, list[int], int, int]:
+    """(dtype, shape, begin, end) of one header entry, every field type-checked."""
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where}: header entry {name[:64]!r} is not an object")
+    name_of_dtype = info.get("dtype")
+    dtype = SAFETENSORS.get(name_of_dtype) if isinstance(name_of_dtype, str) else None
+    if dtype is None:
+        raise CheckpointError(f"{where}: {name[:64]} has unsupported dtype "
+                              f"{str(info.get('dtype'))[:32]}")
+    shape, offsets = _ints(info.get("shape")), _ints(info.get("data_offsets"))
+    if shape is None or offsets is None or len(offsets) != 2 or offsets[0] > offsets[1]:
+        raise CheckpointError(f"{where}: {name[:64]} needs shape and data_offsets as lists of "
+                              f"non-negative integers (begin <= end)")
+    return dtype, shape, offsets[0], offsets[1]
+
+
+def _ints(value: Any) -> list[int] | None:
+    """``value`` if it is a list of non-negative JSON integers (not bools), else None."""
+    if not isinstance(value, list) or len(value) > 64:
+        return None
+    if not all(type(x) is int and 0 <= x < 1 << 62 for x in value):
+        return None
+    return value
+
+
+def check_finite(where: str, name: str, table: torch.Tensor) -> None:
+    """CheckpointError if a floating table holds NaN or ±Inf (one pass, no allocation:
+    min and max propagate NaN and reach ±Inf)."""
+    if not table.is_floating_point() or table.numel() == 0:
+        return
+    low, high = torch.aminmax(table)
+    if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+        raise CheckpointError(f"{where}: {name} holds NaN or Inf values")
+
+
+def verify_checkpoint(version_dir: Path, hashed_when_read: tuple[str, ...] = ()
+                      ) -> tuple[Manifest, str]:
+    """Check the manifest, that the folder holds exactly its files, and every listed file's
+    sha256 (except ``hashed_when_read``: the caller checks those over the bytes it reads);
+    return (manifest, checkpoint_id)."""
     manifest_path = version_dir / MANIFEST_FILE
     try:
         raw = manifest_path.read_bytes()
     except OSError as e:
         raise CheckpointError(f"{manifest_path}: cannot read ({e.strerror})") from e
     manifest = Manifest.from_json(raw, str(manifest_path))
+    extra = sorted(p.name for p in version_dir.iterdir()
+                   if p.name != MANIFEST_FILE and p.name not in manifest.files)
+    if extra:
+        raise CheckpointError(f"{version_dir}: {extra[0][:64]!r} is not listed in the "
+                              f"manifest ({len(extra)} such files)")
     for name, want in sorted(manifest.files.items()):
         path = version_dir / name
-        if "/" in name or name.startswith(".") or not path.is_file():
+        if "/" in name or "\0" in name or name.startswith(".") or not path.is_file():
             raise CheckpointError(f"{path}: listed in the manifest but missing")
+        if name in hashed_when_read:
+            continue
         got = _sha256_file(path)
         if got != want:
             raise CheckpointError(f"{path}: sha256 {got[:16]}… does not match manifest "
@@ -237,15 +358,21 @@ def verify_checkpoint(version_dir: Path) -> tuple[Manifest, str]:
 
 
 def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
-    """Load one version: verify hashes, then map the tables and check their shapes."""
+    """Load one version: verify, read the tables into private memory (hashed as read), and
+    check their shapes and values."""
     version_dir = Path(version_dir)
+    read_here = (EMBEDDINGS_FILE, ROW_UPDATES_FILE)
     if verify:
-        manifest, checkpoint_id = verify_checkpoint(version_dir)
+        manifest, checkpoint_id = verify_checkpoint(version_dir, read_here)
     else:
         raw = (version_dir / MANIFEST_FILE).read_bytes()
         manifest, checkpoint_id = Manifest.from_json(raw), hashlib.sha256(raw).hexdigest()
     m = manifest
-    tensors = read_safetensors(version_dir / EMBEDDINGS_FILE)
+
+    def want(name: str) -> str | None:
+        return m.files.get(name) if verify else None
+
+    tensors = read_safetensors(version_dir / EMBEDDINGS_FILE, want(EMBEDDINGS_FILE))
     token_table = tensors.get("token_embedding")
     if token_table is None or tuple(token_table.shape) != (m.table_rows, m.dim):
         got = None if token_table is None else tuple(token_table.shape)
@@ -254,14 +381,17 @@ def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
     position_table = tensors.get("position_embedding")
     if m.position == "learned":
         offset = m.rules.position_offset  # OPT stores 2 rows before position 0
-        want = (m.max_seq_len + offset, m.width)
-        if position_table is None or tuple(position_table.shape) != want:
+        expected = (m.max_seq_len + offset, m.width)
+        if position_table is None or tuple(position_table.shape) != expected:
             got = None if position_table is None else tuple(position_table.shape)
             raise CheckpointError(f"{EMBEDDINGS_FILE}: position_embedding shape {got}, "
-                                  f"manifest says {want}")
+                                  f"manifest says {expected}")
         position_table = position_table[offset:]  # a view: row p is position p
     else:
         position_table = None
+    check_finite(EMBEDDINGS_FILE, "token_embedding", token_table)
+    if position_table is not None:
+        check_finite(EMBEDDINGS_FILE, "position_embedding", position_table)
     rule_tensors = {}
     for name in m.rules.tensors():
         t = tensors.get(name)
@@ -271,7 +401,8 @@ def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
         rule_tensors[name] = t
     row_updates = None
     if ROW_UPDATES_FILE in m.files:
-        row_updates = read_safetensors(version_dir / ROW_UPDATES_FILE).get("token_row_updates")
+        row_updates = read_safetensors(version_dir / ROW_UPDATES_FILE,
+                                       want(ROW_UPDATES_FILE)).get("token_row_updates")
         if row_updates is None or tuple(row_updates.shape) != (m.table_rows,):
             raise CheckpointError(f"{ROW_UPDATES_FILE}: token_row_updates must be [table_rows]")
     return Checkpoint(version_dir, manifest, checkpoint_id, token_table, position_table,
@@ -283,7 +414,13 @@ def list_versions(model_dir: Path) -> list[int]:
     if not model_dir.is_dir():
         return []
     return sorted(int(p.name) for p in model_dir.iterdir()
-                  if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+                  if is_version_name(p.name) and p.is_dir())
+
+
+def is_version_name(name: str) -> bool:
+    """A version folder's name: a positive integer in ASCII digits, no leading zero ("²",
+    "01" or 5,000 digits are not versions)."""
+    return _VERSION.fullmatch(name) is not None
 
 
 def next_version(model_dir: Path) -> int:

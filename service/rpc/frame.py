@@ -7,7 +7,9 @@ transport-neutral core any other front (HTTP) wraps its bodies in.
 
 Open without credentials: only ``grpc.health.v1.Health`` and server reflection, which are
 registered outside the frame (``OPEN_SERVICES``); every other RPC needs the token when one
-is set.
+is set. The frame resolves each caller's identity (``identity.Identities``: a token's name,
+a client certificate's subject, or "" when auth is off) and its transport peer onto the
+``Call``; shared memory uses both.
 
 Servicer methods take ``(request, call)`` and return a message or pre-encoded bytes
 (``codec``): bytes pass through, messages are serialised. Stream methods take
@@ -17,7 +19,6 @@ Servicer methods take ``(request, call)`` and return a message or pre-encoded by
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,6 +32,7 @@ from google.protobuf.message_factory import GetMessageClass
 from service.engine.engine import Engine
 from service.errors import EmbedError, Unauthenticated, Unavailable, quote, status_for
 from service.rpc import codec
+from service.rpc.identity import Identities
 
 __all__ = ["OPEN_SERVICES", "UNKNOWN_MODEL", "Call", "Frame", "Refused"]
 
@@ -50,6 +52,8 @@ class Call:
     authorization: str = ""  # the `authorization` header/metadata value
     deadline: float | None = None  # time.monotonic() seconds; None = no deadline
     start_ns: int = 0  # time.perf_counter_ns() when it arrived
+    identity: str = ""  # who is calling (identity.Identities); "" = auth off, one namespace
+    peer: str = ""  # the transport's peer, e.g. "ipv4:127.0.0.1:5000" (grpc context.peer())
 
 
 class Refused(Exception):
@@ -63,13 +67,15 @@ class Refused(Exception):
 class Frame:
     """What every RPC of every front passes through, on one engine."""
 
-    def __init__(self, engine: Engine, auth_token: str = "") -> None:
+    def __init__(self, engine: Engine, auth_token: str = "",
+                 identities: Identities | None = None) -> None:
         self.engine = engine
-        self._auth = f"Bearer {auth_token}".encode() if auth_token else b""
+        self.identities = identities if identities is not None else Identities(auth_token)
 
     def admit(self, call: Call) -> None:
         """Credentials, then draining: the checks before any work."""
-        if self._auth and not hmac.compare_digest(call.authorization.encode(), self._auth):
+        if self.identities.required and not (
+                call.identity or self.identities.resolve(call.authorization)):
             raise Unauthenticated("missing or invalid 'authorization: Bearer <token>'")
         if self.engine.draining:
             raise Unavailable("server is draining for shutdown; retry on another replica")
@@ -134,11 +140,11 @@ class Frame:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start_ns = time.perf_counter_ns()
             if isinstance(request, codec.Undecodable):
-                call = grpc_call(rpc, context, start_ns, auth=bool(self._auth))
+                call = grpc_call(rpc, context, start_ns, identities=self.identities)
                 body: Callable[[], Awaitable[Any]] = request.fail
             else:
                 model, request_id = labels(rpc, request)
-                call = grpc_call(rpc, context, start_ns, model, request_id, bool(self._auth))
+                call = grpc_call(rpc, context, start_ns, model, request_id, self.identities)
                 body = lambda: fn(request, call)  # noqa: E731
             try:
                 return await self.run(call, body)
@@ -151,7 +157,7 @@ class Frame:
                      fn: Callable[[AsyncIterator[Any], Call], AsyncIterator[Any]]) -> Any:
         async def handler(requests: AsyncIterator[Any],
                           context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            call = grpc_call(rpc, context, time.perf_counter_ns(), auth=bool(self._auth))
+            call = grpc_call(rpc, context, time.perf_counter_ns(), identities=self.identities)
             try:
                 try:
                     self.admit(call)  # the stream's own credentials; each item is framed too
@@ -174,17 +180,21 @@ class Frame:
 
 
 def grpc_call(rpc: str, context: grpc.aio.ServicerContext, start_ns: int, model: str = "",
-              request_id: str = "", auth: bool = False) -> Call:
-    """The ``Call`` of a gRPC request: its deadline, and its credentials when ``auth``
-    (the metadata is only read when there is a token to check: it costs on every RPC)."""
-    authorization = ""
-    if auth:
+              request_id: str = "", identities: Identities | None = None) -> Call:
+    """The ``Call`` of a gRPC request: its deadline and peer, and its credentials and
+    identity when there are any to check (the metadata is read only then: it costs on
+    every RPC)."""
+    auth = identity = ""
+    if identities is not None and (identities.required or identities.tls_subject):
         for key, value in context.invocation_metadata() or ():
             if key == "authorization" and isinstance(value, str):
-                authorization = value
+                auth = value
+        identity = identities.resolve(auth, context.auth_context()
+                                      if identities.tls_subject else None)
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
-    return Call(rpc, model, request_id, authorization, deadline, start_ns)
+    return Call(rpc, model, request_id, auth, deadline, start_ns, identity,
+                context.peer() or "")
 
 
 def _serialize(response: Any) -> bytes:

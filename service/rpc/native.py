@@ -89,7 +89,8 @@ class NativeFront:
         if output is None:
             dest = codec.Reply(fields, shape, dtype).allocate()
         else:
-            plan = self.engine.plan_shm(output.region, output.offset, shape, dtype, "output")
+            plan = self.engine.plan_shm(call, output.region, output.offset, shape, dtype,
+                                        "output")
             fields.embeddings.shape[:] = shape
             fields.embeddings.dtype = dtype
             fields.output.region, fields.output.offset = output.region, output.offset
@@ -205,21 +206,22 @@ class NativeFront:
                                    call: Call) -> pb.RegisterSharedMemoryResponse:
         """Map a client's /dev/shm object so requests can name it as their output."""
         r = request.region
-        self.engine.shm.register(r.name, r.key, r.offset, r.byte_size)
+        self.engine.shm.register(call, r.name, r.key, r.offset, r.byte_size)
         return pb.RegisterSharedMemoryResponse()
 
     async def UnregisterSharedMemory(self, request: pb.UnregisterSharedMemoryRequest,
                                      call: Call) -> pb.UnregisterSharedMemoryResponse:
-        """Forget a region ("" = all); requests already writing to it finish safely."""
-        self.engine.shm.unregister(request.name)
+        """Forget one of the caller's regions ("" = all of the caller's own); requests
+        already writing to it finish safely."""
+        self.engine.shm.unregister(call, request.name)
         return pb.UnregisterSharedMemoryResponse()
 
     async def ListSharedMemory(self, request: pb.ListSharedMemoryRequest,
                                call: Call) -> pb.ListSharedMemoryResponse:
-        """Every registered region."""
+        """The caller's registered regions."""
         return pb.ListSharedMemoryResponse(regions=[
             pb.SharedMemoryRegion(name=r.name, key=r.key, offset=r.offset,
-                                  byte_size=r.byte_size) for r in self.engine.shm.regions()])
+                                  byte_size=r.byte_size) for r in self.engine.shm.regions(call)])
 
     def model_info(self, model: LoadedModel) -> pb.ModelInfo:
         """The ModelInfo message for a loaded model."""

@@ -146,9 +146,9 @@ class OipFront:
             fields.outputs.append(out(name="sequence_lengths", datatype="INT64", shape=[B]))
         dest: Any
         if shm is not None:
-            region, offset = shm
-            plan = self.engine.plan_shm(region, offset, (B, T, C), dtype,
-                                        "outputs['embeddings']")
+            region, offset, limit = shm
+            plan = self.engine.plan_shm(call, region, offset, (B, T, C), dtype,
+                                        "outputs['embeddings']", limit)
             p = fields.outputs[0].parameters
             p["shared_memory_region"].string_param = region
             p["shared_memory_offset"].int64_param = offset
@@ -176,23 +176,24 @@ class OipFront:
             self, request: oip.SystemSharedMemoryRegisterRequest,
             call: Call) -> oip.SystemSharedMemoryRegisterResponse:
         """Map a /dev/shm object as a named region."""
-        self.engine.shm.register(request.name, request.key, request.offset, request.byte_size)
+        self.engine.shm.register(call, request.name, request.key, request.offset,
+                                 request.byte_size)
         return oip.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(
             self, request: oip.SystemSharedMemoryUnregisterRequest,
             call: Call) -> oip.SystemSharedMemoryUnregisterResponse:
-        """Forget a region ("" = all)."""
-        self.engine.shm.unregister(request.name)
+        """Forget one of the caller's regions ("" = all of the caller's own)."""
+        self.engine.shm.unregister(call, request.name)
         return oip.SystemSharedMemoryUnregisterResponse()
 
     async def SystemSharedMemoryStatus(
             self, request: oip.SystemSharedMemoryStatusRequest,
             call: Call) -> oip.SystemSharedMemoryStatusResponse:
-        """Registered regions (or the one named)."""
+        """The caller's registered regions (or the one named)."""
         response = oip.SystemSharedMemoryStatusResponse()
         status = oip.SystemSharedMemoryStatusResponse.RegionStatus
-        for r in self.engine.shm.regions(request.name):
+        for r in self.engine.shm.regions(call, request.name):
             response.regions[r.name].CopyFrom(status(name=r.name, key=r.key, offset=r.offset,
                                                      byte_size=r.byte_size))
         return response

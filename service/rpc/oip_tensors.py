@@ -107,19 +107,25 @@ def _flag(raw: dict[str, Any], name: str) -> bool:
     return value
 
 
-def requested_outputs(request: oip.ModelInferRequest) -> tuple[set[str], tuple[str, int] | None]:
+def requested_outputs(request: oip.ModelInferRequest
+                      ) -> tuple[set[str], tuple[str, int, int | None] | None]:
     """The outputs to return (none requested = all) and the embeddings' shared-memory
-    (region, offset) if it names one."""
+    (region, offset, byte_size bound or None) if it names one."""
     wanted = output_names([o.name for o in request.outputs])
     for o in request.outputs:
         if o.name == "embeddings" and "shared_memory_region" in o.parameters:
             region = _value(o.parameters["shared_memory_region"])
             offset = _value(o.parameters["shared_memory_offset"]) \
                 if "shared_memory_offset" in o.parameters else 0
-            if not isinstance(region, str) or not isinstance(offset, int) or offset < 0:
+            limit = _value(o.parameters["shared_memory_byte_size"]) \
+                if "shared_memory_byte_size" in o.parameters else None
+            if (not isinstance(region, str) or not isinstance(offset, int) or offset < 0
+                    or isinstance(offset, bool) or isinstance(limit, bool)
+                    or not (limit is None or (isinstance(limit, int) and limit >= 0))):
                 raise InvalidArgument("outputs['embeddings']: shared_memory_region must be a "
-                                      "string and shared_memory_offset a non-negative int")
-            return wanted, (region, offset)
+                                      "string, shared_memory_offset and "
+                                      "shared_memory_byte_size non-negative ints")
+            return wanted, (region, offset, limit)
     return wanted, None
 
 

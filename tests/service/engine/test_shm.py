@@ -109,7 +109,8 @@ def test_list_and_errors(server: ServerHandle, client: EmbeddingClient,
 
         assert register(name="x", key="/../etc/passwd", byte_size=8) == (
             grpc.StatusCode.INVALID_ARGUMENT, "shared-memory key '/../etc/passwd' must name an "
-            "object directly under /dev/shm (like '/my-region'): no other '/'")
+            "object directly under /dev/shm (like '/my-region': ASCII letters, digits, '.', '_', "
+            "'-'; no other '/')")
         assert register(name="x", key="/embed-no-such-object", byte_size=8) == (
             grpc.StatusCode.NOT_FOUND, "shared-memory object '/embed-no-such-object' does not "
             "exist under /dev/shm")

@@ -1,0 +1,119 @@
+"""An object shrunk, truncated or unlinked by its owner while registered never takes the
+server down: that request gets FAILED_PRECONDITION naming the region, and the server keeps
+serving everyone (batch-mates of the failed request included)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from genproto.embedding.v1 import embedding_pb2 as pb
+from service.server import ServerHandle
+from tests.security.shm_helpers import (
+    DIM,
+    IDS,
+    As,
+    ShmObject,
+    channel,
+    expected_rows,
+    infer_shm,
+    shm_objects,
+)
+from tests.tiny_model import start
+
+ROW_BYTES = len(IDS) * DIM * 4
+
+
+@pytest.fixture
+def objects() -> Iterator[Callable[[int], ShmObject]]:
+    yield from shm_objects()
+
+
+@pytest.mark.parametrize("how", ["shrink", "truncate", "unlink"])
+def test_object_changed_by_its_owner_fails_that_request_only(
+        server: ServerHandle, objects: Callable[[int], ShmObject], how: str) -> None:
+    obj, good = objects(4096), objects(4096)
+    with channel(server.target) as ch:
+        client = As(ch)
+        client.register(f"victim-{how}", obj)
+        client.register(f"good-{how}", good)
+        client.embed_into(f"victim-{how}")  # the region works
+        if how == "shrink":
+            os.truncate(obj.path, 16)  # shorter than the rows
+        elif how == "truncate":
+            os.truncate(obj.path, 0)
+        else:
+            obj.path.unlink()
+        code, message = client.status("native", "Embed", _embed(f"victim-{how}"))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"region 'victim-{how}'" in message
+        assert ("unlinked" if how == "unlink" else f"shrunk below the {ROW_BYTES}") in message
+        # OIP names the same region: the same answer.
+        code, _ = client.status("oip", "ModelInfer", infer_shm(f"victim-{how}", None))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        # The server keeps serving: through the response and through another region.
+        assert client.embed() == expected_rows(IDS)
+        client.embed_into(f"good-{how}", offset=64)
+        assert good.read(64, ROW_BYTES) == expected_rows(IDS)
+        if how != "unlink":
+            assert obj.path.stat().st_size == (16 if how == "shrink" else 0)  # not grown
+        client("native", "UnregisterSharedMemory", _unregister(""))
+
+
+def test_shrink_while_queued_fails_only_that_job_of_the_batch(
+        tiny_repo: Path, objects: Callable[[int], ShmObject]) -> None:
+    """Two requests wait in one batch; the owner of one region shrinks it meanwhile: that
+    request fails, its batch-mate gets exact rows."""
+    victim, mate = objects(4096), objects(4096)
+    with start(tiny_repo, max_batch_delay_us=300_000) as handle, channel(handle.target) as ch:
+        client = As(ch)
+        client.register("victim", victim)
+        client.register("mate", mate)
+        outcomes: dict[str, object] = {}
+
+        def send(region: str) -> None:
+            try:
+                outcomes[region] = client.embed_into(region)
+            except grpc.RpcError as e:
+                outcomes[region] = e.code()
+
+        threads = [threading.Thread(target=send, args=(r,)) for r in ("victim", "mate")]
+        for t in threads:
+            t.start()
+        threading.Event().wait(0.1)  # both are queued, waiting for the batch delay
+        os.truncate(victim.path, 8)
+        for t in threads:
+            t.join(30)
+        assert outcomes["victim"] == grpc.StatusCode.FAILED_PRECONDITION
+        assert not isinstance(outcomes["mate"], grpc.StatusCode)
+        assert mate.read(0, ROW_BYTES) == expected_rows(IDS)
+        assert client.embed() == expected_rows(IDS)
+
+
+def test_rows_land_only_inside_the_object(server: ServerHandle,
+                                          objects: Callable[[int], ShmObject]) -> None:
+    """Nothing is written before the region's offset or after its rows."""
+    obj = objects(8192)
+    with channel(server.target) as ch:
+        client = As(ch)
+        client.register("inside", obj, offset=1000, byte_size=4000)
+        client.embed_into("inside", offset=24)
+        data = obj.read()
+        assert data[:1024] == b"\0" * 1024
+        assert data[1024: 1024 + ROW_BYTES] == expected_rows(IDS)
+        assert data[1024 + ROW_BYTES:] == b"\0" * (8192 - 1024 - ROW_BYTES)
+        client("native", "UnregisterSharedMemory", _unregister("inside"))
+
+
+def _embed(region: str) -> pb.EmbedRequest:
+    return pb.EmbedRequest(token_ids=pb.TokenIds(ids=IDS),
+                           output=pb.SharedMemoryOutput(region=region))
+
+
+def _unregister(name: str) -> pb.UnregisterSharedMemoryRequest:
+    return pb.UnregisterSharedMemoryRequest(name=name)
