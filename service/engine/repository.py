@@ -184,8 +184,12 @@ class Repository:
                 if loaded is not None and loaded.version == version:
                     rows.append((model_dir.name, version, "READY", ""))
                 elif reason is not None:
-                    rows.append((model_dir.name, version, "UNAVAILABLE",
-                                 public_reason(reason, self.root)))
+                    public = public_reason(reason, self.root)
+                    where = f"{model_dir.name}/{version}/"
+                    head = public.split(":", 1)[0]
+                    if " " not in head and "/" not in head:  # "embeddings.safetensors: ..."
+                        public = where + public  # the file, named inside the repository
+                    rows.append((model_dir.name, version, "UNAVAILABLE", public))
                 else:
                     rows.append((model_dir.name, version, "AVAILABLE", "not the served version"))
         return rows
@@ -199,7 +203,7 @@ class Repository:
             try:
                 candidate = self._load_newest(model_dir)
             except OSError as e:  # the model folder itself cannot be listed
-                self._ignore(model_dir, _unlistable(e, model_dir))
+                self._unlistable(model_dir, e)
                 continue
             if candidate is not None:
                 self._models = {**self._models, candidate.name: candidate}
@@ -210,7 +214,7 @@ class Repository:
         try:
             return sorted(p for p in self.root.iterdir() if p.is_dir())
         except OSError as e:
-            self._ignore(self.root, _unlistable(e, self.root))
+            self._unlistable(self.root, e)
             return []
 
     def _ignore(self, path: Path, why: str) -> None:
@@ -218,6 +222,12 @@ class Repository:
         if path not in self._ignored:
             self._ignored.add(path)
             log.warning("ignored %s: %s", ascii(str(path)), why)
+
+    def _unlistable(self, path: Path, e: OSError) -> None:
+        """One error line per directory the scan cannot list: plainly why, and the fix."""
+        if path not in self._ignored:
+            self._ignored.add(path)
+            log.error("cannot scan %s: %s", ascii(str(path)), _unlistable(e, path))
 
     def _load_newest(self, model_dir: Path) -> LoadedModel | None:
         name = model_dir.name

@@ -91,6 +91,10 @@ def test_a_stream_that_is_never_read_holds_at_most_its_budget(
     stream = native.EmbedStream(feed(), metadata=AUTH, timeout=60)
     # Never read for a while: the server computes until the budget is spent, then waits.
     held = []
+    deadline = time.monotonic() + 15  # a loaded machine may take a while to start
+    while time.monotonic() < deadline and not any(held[-1:]):
+        time.sleep(0.05)
+        held.append(budgets.held)  # type: ignore[attr-defined]
     for _ in range(20):
         time.sleep(0.05)
         held.append(budgets.held)  # type: ignore[attr-defined]
