@@ -200,7 +200,8 @@ def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_repo: Path) -> Non
 
 
 def test_workers_share_one_port_and_stop_on_sigterm(tiny_repo: Path) -> None:
-    with server_process(tiny_repo, "--workers", "2", "--shutdown-grace-seconds", "2",
+    with server_process(tiny_repo, "--workers", "2", "--http-port", "-1",
+                        "--shutdown-grace-seconds", "2",
                         serving_lines=2) as (proc, stub):
         assert list(stub.Embed(GOOD, timeout=10).token_ids) == [31373, 995]
         proc.send_signal(signal.SIGTERM)
