@@ -33,7 +33,8 @@ from service.engine.tables import resolve_device
 from service.engine.validation import Limits
 from service.metrics import Metrics
 from service.rpc.frame import Frame
-from service.rpc.http import HttpFront, server_ssl_context
+from service.rpc.http import HttpFront
+from service.rpc.http_wire import server_ssl_context
 from service.rpc.identity import Identities
 from service.rpc.native import SERVICE_NAME, NativeFront
 from service.rpc.oip import OIP_SERVICE_NAME, OipFront

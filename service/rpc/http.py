@@ -25,13 +25,14 @@ is read (a chunked body is read only up to the limit).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from importlib import metadata, resources
+from importlib import metadata
 from typing import Any
 
 import grpc
@@ -39,18 +40,24 @@ from aiohttp import web
 
 from service import tracing
 from service.engine.engine import Engine, RowSlice
-from service.errors import EmbedError, InvalidArgument, RequestTooLarge, http_status_for
+from service.errors import EmbedError, InvalidArgument, http_status_for
 from service.rpc.frame import Call, Frame, Refused
 from service.rpc.http_tensors import EXTENSIONS, parse_infer, plan_response
+from service.rpc.http_wire import (
+    HEADER_LENGTH,
+    deadline,
+    error_response,
+    header_length,
+    json_response,
+    page_files,
+    read_body,
+)
 from service.rpc.oip_tensors import model_version
 
-__all__ = ["HttpFront", "server_ssl_context"]
+__all__ = ["HttpFront"]
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
-_HEADER_LENGTH = "Inference-Header-Content-Length"
-_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-_PAGE_FILES = {"index.html": "text/html", "page.js": "text/javascript", "page.css": "text/css"}
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 Handler = Callable[[web.BaseRequest, dict[str, str], Call], Awaitable[web.StreamResponse]]
 
@@ -63,18 +70,6 @@ class Route:
     pattern: re.Pattern[str]
     rpc: str
     handler: Handler
-
-
-def server_ssl_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
-    """TLS for the HTTP port from the gRPC port's files; a client CA requires client
-    certificates (mTLS), as on gRPC."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    if client_ca:
-        context.load_verify_locations(client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-    context.set_alpn_protocols(["http/1.1"])
-    return context
 
 
 class HttpFront:
@@ -98,7 +93,7 @@ class HttpFront:
             Route("POST", re.compile(_MODEL + "/tokenize"), "Tokenize", self.tokenize),
             Route("POST", re.compile(r"/v2/repository/index"), "RepositoryIndex",
                   self.repository_index)]
-        self._page = _page_files() if ui else {}
+        self._page = page_files() if ui else {}
         self._server: web.Server | None = None
         self._listener: Any = None
         self.port = 0
@@ -108,8 +103,6 @@ class HttpFront:
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None,
                     reuse_port: bool = False) -> int:
         """Listen on the running loop; returns the bound port (``port`` 0 picks one)."""
-        import asyncio
-
         self._server = web.Server(self._dispatch, access_log=None)
         self._listener = await asyncio.get_running_loop().create_server(
             self._server, host, port, ssl=ssl_context, reuse_port=reuse_port or None)
@@ -136,15 +129,15 @@ class HttpFront:
         if route is None:
             allowed = [r.method for r in self.routes if r.pattern.fullmatch(path)]
             if allowed:
-                return _error(405, f"{request.method} {path}: use {', '.join(allowed)}",
+                return error_response(405, f"{request.method} {path}: use {', '.join(allowed)}",
                               {"Allow": ", ".join(allowed)})
-            return _error(404, f"no endpoint {path}; see GET /v2 and /v2/models/<model>")
+            return error_response(404, f"no endpoint {path}; see GET /v2 and /v2/models/<model>")
         headers = request.headers
         call = Call(f"http/{route.rpc}", params.get("model") or "", headers.get("x-request-id", ""),
                     headers.get("Authorization", ""), None, start_ns)
 
         async def body() -> web.StreamResponse:
-            framed = replace(call, deadline=_deadline(headers.get("grpc-timeout")))
+            framed = replace(call, deadline=deadline(headers.get("grpc-timeout")))
             return await route.handler(request, params, framed)
 
         attributes = {"http.request.method": request.method, "url.path": path,
@@ -157,7 +150,7 @@ class HttpFront:
                 end_with(r.code.value[0], f"{r.code.name}: {r.message}")
                 status = http_status_for(r.code, r.__cause__)
                 extra = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-                response = _error(status, r.message, extra)
+                response = error_response(status, r.message, extra)
                 if status == 413:
                     response.force_close()  # the unread body must not be taken as a request
                 return response
@@ -176,7 +169,7 @@ class HttpFront:
         name = request.path.lstrip("/") or "index.html"
         if request.method != "GET" or name not in self._page:
             why = "the page is off (--no-ui, or auth is on without --ui)" if not self.ui else ""
-            return _error(404, f"no such path {request.path}{'; ' + why if why else ''}")
+            return error_response(404, f"no such path {request.path}{'; ' + why if why else ''}")
         data, content_type = self._page[name]
         return web.Response(body=data, content_type=content_type,
                             headers={"Cache-Control": "no-cache"})
@@ -186,13 +179,13 @@ class HttpFront:
     async def server_live(self, request: web.BaseRequest, params: dict[str, str],
                           call: Call) -> web.StreamResponse:
         """200 while the process answers (the frame answers 503 while draining)."""
-        return _json({"live": True})
+        return json_response({"live": True})
 
     async def server_ready(self, request: web.BaseRequest, params: dict[str, str],
                            call: Call) -> web.StreamResponse:
         """200 when a model is loaded; 400 (the protocol's "4xx is false") before."""
         ready = self.engine.ready
-        return _json({"ready": ready}, 200 if ready else 400)
+        return json_response({"ready": ready}, 200 if ready else 400)
 
     async def model_ready(self, request: web.BaseRequest, params: dict[str, str],
                           call: Call) -> web.StreamResponse:
@@ -200,8 +193,8 @@ class HttpFront:
         try:
             self.engine.model(params["model"], model_version(params.get("version", "")))
         except EmbedError:
-            return _json({"name": params["model"], "ready": False}, 400)
-        return _json({"name": params["model"], "ready": True})
+            return json_response({"name": params["model"], "ready": False}, 400)
+        return json_response({"name": params["model"], "ready": True})
 
     async def server_metadata(self, request: web.BaseRequest, params: dict[str, str],
                               call: Call) -> web.StreamResponse:
@@ -210,14 +203,14 @@ class HttpFront:
             version = metadata.version("embedding-service")
         except metadata.PackageNotFoundError:
             version = "0"
-        return _json({"name": "embedding-service", "version": version,
+        return json_response({"name": "embedding-service", "version": version,
                       "extensions": EXTENSIONS})
 
     async def model_metadata(self, request: web.BaseRequest, params: dict[str, str],
                              call: Call) -> web.StreamResponse:
         """The model's tensors, exactly as the gRPC form's ModelMetadata."""
         model = self.engine.model(params["model"], model_version(params.get("version", "")))
-        return _json({
+        return json_response({
             "name": model.name, "versions": [str(model.version)], "platform": "embedding",
             "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
                        {"name": "text", "datatype": "BYTES", "shape": [-1]}],
@@ -238,7 +231,7 @@ class HttpFront:
                 raise InvalidArgument("repository index body must be a JSON object") from None
         rows = [{"name": n, "version": str(v), "state": s, "reason": r}
                 for n, v, s, r in self.engine.repo.index() if not only_ready or s == "READY"]
-        return _json(rows)
+        return json_response(rows)
 
     # -- inference ------------------------------------------------------------------------
 
@@ -246,7 +239,7 @@ class HttpFront:
                     call: Call) -> web.StreamResponse:
         """Token ids or text in, [B, T, C] input embeddings out (binary or JSON)."""
         body = await read_body(request, self.max_body)
-        infer = parse_infer(body, _header_length(request), params["model"],
+        infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
         admission = await self.engine.admit(infer.options, infer.inputs)
         plan = plan_response(infer, admission)
@@ -257,19 +250,18 @@ class HttpFront:
                                               call.deadline, infer.request_id)
         if writer is not None:
             return web.Response(body=result, content_type=_BINARY,
-                                headers={_HEADER_LENGTH: str(plan.header_length)})
-        data, header_length = plan.json_body()
-        if header_length is None:
+                                headers={HEADER_LENGTH: str(plan.header_length)})
+        data, split = plan.json_body()
+        if split is None:
             return web.Response(body=data, content_type=_JSON)
-        return web.Response(body=data, content_type=_BINARY,
-                            headers={_HEADER_LENGTH: str(header_length)})
+        return web.Response(body=data, content_type=_BINARY, headers={HEADER_LENGTH: str(split)})
 
     async def tokenize(self, request: web.BaseRequest, params: dict[str, str],
                        call: Call) -> web.StreamResponse:
         """The page's helper: an infer request's sequences as admission reads them (ids
         after truncation, each token's text, each row's untrained flag); no lookup."""
         body = await read_body(request, self.max_body)
-        infer = parse_infer(body, _header_length(request), params["model"],
+        infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
         admission = await self.engine.admit(infer.options, infer.inputs)
         model = admission.model
@@ -286,59 +278,7 @@ class HttpFront:
             sequences.append({"ids": ids, "tokens": tokens, "untrained": untrained,
                               "start_position": seq.start_position,
                               "truncated_tokens": seq.truncated_tokens})
-        return _json({"model_name": model.name, "model_version": str(model.version),
+        return json_response({"model_name": model.name, "model_version": str(model.version),
                       "dim": model.tables.dim, "position": model.checkpoint.manifest.position,
                       "max_seq_len": model.checkpoint.manifest.max_seq_len,
                       "sequences": sequences})
-
-
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The whole body, refused (413) before reading when it declares more than ``limit``
-    bytes; a body without a length is read only until it passes the limit."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise RequestTooLarge(f"request body is {length} bytes; max_message_bytes is {limit}")
-    if length is not None:
-        return await request.content.readexactly(length) if length else b""
-    data = await request.content.read(limit + 1)
-    while len(data) <= limit and not request.content.at_eof():
-        data += await request.content.read(limit + 1 - len(data))
-    if len(data) > limit:
-        raise RequestTooLarge(f"request body is over max_message_bytes {limit}")
-    return data
-
-
-def _header_length(request: web.BaseRequest) -> int | None:
-    value = request.headers.get(_HEADER_LENGTH)
-    if value is None:
-        return None
-    if not value.isdigit():
-        raise InvalidArgument(f"{_HEADER_LENGTH}={value!r} must be a non-negative integer")
-    return int(value)
-
-
-def _deadline(value: str | None) -> float | None:
-    """``grpc-timeout`` (e.g. ``250m``) as a ``time.monotonic()`` deadline."""
-    if value is None:
-        return None
-    m = re.fullmatch(r"(\d{1,8})([HMSmun])", value.strip())
-    if m is None:
-        raise InvalidArgument(f"grpc-timeout={value!r} must be 1-8 digits and a unit "
-                              f"(H, M, S, m, u, n), e.g. '250m'")
-    return time.monotonic() + int(m.group(1)) * _TIMEOUT_UNITS[m.group(2)]
-
-
-def _json(value: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(value, separators=(",", ":")).encode(),
-                        status=status, content_type=_JSON)
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=json.dumps({"error": message}).encode(), status=status,
-                        content_type=_JSON, headers=headers)
-
-
-def _page_files() -> dict[str, tuple[bytes, str]]:
-    """The page's static files, read once from the package (shipped as package data)."""
-    root = resources.files("service.rpc") / "page"
-    return {name: ((root / name).read_bytes(), kind) for name, kind in _PAGE_FILES.items()}

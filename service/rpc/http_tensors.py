@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
@@ -269,11 +270,12 @@ class ResponsePlan:
         header["outputs"] = [dict(o) for o in header["outputs"]]
         for o in header["outputs"]:
             if o["name"] == "embeddings":
-                # Python floats print the shortest decimal that reads back as the same
-                # double; a float32 widened to double reads back exactly, so the JSON
-                # numbers are bit for bit the FP32 rows.
-                o["data"] = self.rows.reshape(-1).tolist()
-        head = json.dumps(header, separators=(",", ":")).encode()
+                # Widened to float64 and printed as the shortest decimal that reads back as
+                # that double: a reader's float32(double) is the row's value bit for bit
+                # (a float32's own shortest decimal, read as a double, could round twice).
+                # orjson writes numpy arrays in C: T=1024 x 768 in ~0.1 s, not ~0.7 s.
+                o["data"] = self.rows.reshape(-1).numpy().astype(np.float64)
+        head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
         if self.binary.get("sequence_lengths"):
             return head + self._lengths_raw, len(head)
         return head, None

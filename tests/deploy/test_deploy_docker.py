@@ -57,7 +57,7 @@ def test_instructions(name: str) -> None:
     assert _args(name)["PYTHON_IMAGE"] == "python:3.11-slim"
     assert _one(name, "FROM") == "${PYTHON_IMAGE}"
     assert _one(name, "USER") == "10001:10001"
-    assert _one(name, "EXPOSE") == "50051 9464"
+    assert _one(name, "EXPOSE") == "50051 8000 9464"
     assert json.loads(_one(name, "VOLUME")) == ["/models"]
     assert json.loads(_one(name, "ENTRYPOINT")) == ["/app/scripts/serve.sh"]
     assert "scripts/setup.sh runtime;" in _install_step(name)

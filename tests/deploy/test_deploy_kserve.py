@@ -190,8 +190,11 @@ def test_http_runtime_args_match_its_http1_port(
     assert container["ports"] == [{"name": "http1", "containerPort": config.http_port,
                                    "protocol": "TCP"}]
     grpc_container = _runtime_container(objects)
-    assert {k: v for k, v in container.items() if k not in ("args", "ports")} == {
-        k: v for k, v in grpc_container.items() if k not in ("args", "ports")}
+    same = ("args", "ports", "securityContext")
+    assert {k: v for k, v in container.items() if k not in same} == {
+        k: v for k, v in grpc_container.items() if k not in same}
+    # At least the gRPC runtime's security settings (the image's user and group).
+    assert grpc_container["securityContext"].items() <= container["securityContext"].items()
 
 
 def test_inference_services_use_their_runtimes_over_grpc_v2_and_v2(

@@ -169,3 +169,19 @@ def test_tokenize_helper(server: ServerHandle) -> None:
         "max_seq_len": 64, "sequences": [{
             "ids": [31373, 995], "tokens": ["hello", " world"], "untrained": [True, False],
             "start_position": 2, "truncated_tokens": 0}]}
+
+
+def test_one_engine_and_no_grpc_front_imported(server: ServerHandle) -> None:
+    import ast
+    from pathlib import Path
+
+    s = server.server
+    assert s.http is not None
+    assert s.http.engine is s.engine is s.fronts[0].engine is s.fronts[1].engine
+    assert s.http.frame is s.frame
+    rpc = Path(__file__).resolve().parents[2] / "service" / "rpc"
+    for name in ("http.py", "http_tensors.py"):
+        tree = ast.parse((rpc / name).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not imported & {"service.rpc.oip", "service.rpc.native"}, name

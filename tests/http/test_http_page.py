@@ -115,6 +115,26 @@ def test_page_shows_the_servers_refusal(server: ServerHandle,
         "[0, 50257) for model 'rope'")
 
 
+def test_page_with_a_token(tiny_repo: Path, browser: webdriver.Chrome) -> None:
+    """With --auth-token and --ui: the page loads, its /v2 calls need the typed token."""
+    handle = start(tiny_repo, auth_token="t0ken", ui=True)
+    try:
+        browser.get(f"http://127.0.0.1:{handle.http_port}/")
+        assert wait_state(browser, "ready", "error") == "error"
+        assert browser.find_element(By.ID, "error").text.startswith(
+            "HTTP 401 from /v2/repository/index: missing or invalid 'authorization: Bearer "
+            "<token>'")
+        browser.find_element(By.ID, "token").send_keys("t0ken")
+        browser.find_element(By.ID, "input").click()  # leaving the field fires "change"
+        assert wait_state(browser, "ready", "error") == "ready"
+        browser.find_element(By.ID, "go").click()
+        assert wait_state(browser, "done", "error") == "done"
+        assert browser.find_element(By.ID, "shape").text.startswith(
+            f"embeddings [1, {len(IDS)}, {DIM}] FP32")
+    finally:
+        handle.stop()
+
+
 @pytest.mark.parametrize(("settings", "served"), [
     ({}, True), ({"ui": False}, False), ({"auth_token": "t"}, False),
     ({"auth_token": "t", "ui": True}, True)])

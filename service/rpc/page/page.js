@@ -195,9 +195,15 @@ async function run(event) {
   }
 }
 
+function start() {
+  $("error").hidden = true;
+  loadModels().then(() => { document.body.dataset.state = "ready"; }).catch((e) => {
+    $("error").textContent = e.message + " (with --auth-token: type the token above)";
+    $("error").hidden = false;
+    document.body.dataset.state = "error";
+  });
+}
+
 $("form").addEventListener("submit", run);
-loadModels().then(() => { document.body.dataset.state = "ready"; }).catch((e) => {
-  $("error").textContent = e.message + " (set the bearer token, then reload)";
-  $("error").hidden = false;
-  document.body.dataset.state = "error";
-});
+$("token").addEventListener("change", start);  // a token typed in: list the models again
+start();
