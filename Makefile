@@ -48,6 +48,7 @@ bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/resu
 	@$(PY) -m bench.footprint
 	@$(PY) -m bench.overload
 	@$(PY) -m bench.big_table
+	@$(PY) -m bench.http
 
 bench-smoke: setup  ## every serving-bench path once at tiny sizes (seconds; bench/results/quick/)
 	@$(PY) -m bench --quick --out bench/results/quick

@@ -52,7 +52,7 @@ def main() -> None:
                          position_table=torch.randn(T, C, generator=g), position="learned",
                          max_seq_len=T, vocab_size=VOCAB, tokenizer_spec=gpt2_spec(),
                          tokenizer_ranks=default_ranks_path())
-        handle = start_in_thread(ServerConfig(model_repository=repo, grpc_port=0,
+        handle = start_in_thread(ServerConfig(model_repository=repo, grpc_port=0, http_port=-1,
                                               metrics_port=-1, poll_seconds=0, device="cpu"))
         ids = torch.randint(0, VOCAB, (T,), generator=g).tolist()
         try:

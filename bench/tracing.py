@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         assert sink.stdout is not None
         sink_port = int(sink.stdout.readline())
         repo = ensure_model(Path(tempfile.gettempdir()) / "embed-bench-tracing", 768, 1024)
-        base = {"model_repository": repo / "models", "grpc_port": 0, "metrics_port": -1,
-                "poll_seconds": 0, "default_model": MODEL_NAME, "device": "cpu"}
+        base = {"model_repository": repo / "models", "grpc_port": 0, "http_port": -1,
+                "metrics_port": -1, "poll_seconds": 0, "default_model": MODEL_NAME,
+                "device": "cpu"}
         on = {"otlp_endpoint": f"http://127.0.0.1:{sink_port}"}
         loop_cost = _LoopCost()
         tracing.meter(loop_cost.add)  # before the servers start: their handlers are timed
