@@ -54,7 +54,8 @@ import json, sys, time
 from pathlib import Path
 from service.config import ServerConfig
 from service.server import start_in_thread
-config = ServerConfig(model_repository=Path(sys.argv[1]), grpc_port=0, http_port=-1, metrics_port=-1,
+config = ServerConfig(model_repository=Path(sys.argv[1]), grpc_port=0, http_port=-1,
+                      metrics_port=-1,
                       poll_seconds=0)
 t0 = time.perf_counter()
 handle = start_in_thread(config)  # returns after load + verify; health is SERVING by then
@@ -120,7 +121,8 @@ def _rss_mb(pid: int) -> float:
 def _serve(repo: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--model-repository", str(repo), "--http-port", "-1", "--grpc-port",
+        [sys.executable, "-m", "service", "--model-repository", str(repo), "--http-port", "-1",
+        "--grpc-port",
          str(port), "--metrics-port", "-1", "--poll-seconds", "0", "--log-format", "text"],
         cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = f"127.0.0.1:{port}"

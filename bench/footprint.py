@@ -58,7 +58,8 @@ def _launch(repo: Path, port: int, tunables: bool, workers: int = 1) -> ServerPr
     if tunables:
         env["GLIBC_TUNABLES"] = GLIBC_TUNABLES
     argv = [sys.executable, "-m", "service", "--model-repository", str(repo / "models"),
-            "--grpc-port", str(port), "--http-port", "-1", "--metrics-port", "-1", "--poll-seconds", "0",
+            "--grpc-port", str(port), "--http-port", "-1", "--metrics-port", "-1",
+            "--poll-seconds", "0",
             "--workers", str(workers)]
     log = repo / f"service-{port}.log"
     with log.open("wb") as fh:
@@ -103,7 +104,8 @@ def _startup(repo: Path) -> float:
     from service.config import ServerConfig
     from service.server import start_in_thread
 
-    config = ServerConfig(model_repository=repo / "models", grpc_port=0, http_port=-1, metrics_port=-1,
+    config = ServerConfig(model_repository=repo / "models", grpc_port=0, http_port=-1,
+                          metrics_port=-1,
                           poll_seconds=0)
     t0 = time.perf_counter()
     handle = start_in_thread(config)  # returns after load; health is SERVING by then

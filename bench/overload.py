@@ -82,7 +82,8 @@ def _launch(args: argparse.Namespace, repo: Path, queue_tokens: int | None = Non
     env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
     batch = min(queue, 16384)  # the server needs batch <= queue budget
     argv = [sys.executable, "-m", "service", "--model-repository", str(repo / "models"),
-            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "-1", "--metrics-port", "-1",
+            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "-1",
+            "--metrics-port", "-1",
             "--device", "cpu", "--poll-seconds", "0", "--max-queue-tokens",
             str(queue), "--max-batch-tokens", str(batch), *args.server_arg]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -88,7 +88,8 @@ async def _tokens_per_s(target: str, how: Any, seqs: list[list[int]], seconds: f
 def _launch(repo: Path, workers: int, log_dir: Path) -> ServerProcess:
     port = free_port()
     argv = [str(ROOT / "scripts" / "serve.sh"), "--model-repository", str(repo / "models"),
-            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "-1", "--metrics-port", "-1",
+            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "-1",
+            "--metrics-port", "-1",
             "--poll-seconds", "0", "--workers", str(workers)]
     return launch_server(f"service-w{workers}", argv, port, log_dir)
 

@@ -93,7 +93,8 @@ def _argv(name: str, port: int, cfg: BenchConfig, repo: Path) -> list[str]:
         return [py, "-m", "bench.naive_server", "--port", str(port),
                 "--checkpoint", str(repo / "models" / MODEL_NAME / "1")]
     return [str(ROOT / "scripts" / "serve.sh"), "--model-repository", str(repo / "models"),
-            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "-1", "--metrics-port", "-1",
+            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "-1",
+            "--metrics-port", "-1",
             "--device", cfg.device, "--poll-seconds", "0", *cfg.extra_server_args]
 
 

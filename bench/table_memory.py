@@ -114,7 +114,8 @@ def main() -> None:
             t0 = time.monotonic()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "service", "--model-repository", str(repo),
-                 "--grpc-port", str(port), "--http-port", "-1", "--metrics-port", "-1", "--poll-seconds", "0",
+                 "--grpc-port", str(port), "--http-port", "-1", "--metrics-port", "-1",
+                 "--poll-seconds", "0",
                  "--device", "cpu", "--workers", str(n)], env=env,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:

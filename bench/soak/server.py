@@ -88,7 +88,8 @@ def launch(root: Path, port: int, workers: int, poll_seconds: float,
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
     argv = [sys.executable, "-m", "service", "--model-repository", str(root / "models"),
-            "--default-model", MODEL, "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "-1",
+            "--default-model", MODEL, "--host", "127.0.0.1", "--grpc-port", str(port),
+            "--http-port", "-1",
             "--metrics-port", "-1", "--device", "cpu", "--workers", str(workers),
             "--poll-seconds", str(poll_seconds), *extra]
     log = root / "server.log"
