@@ -19,10 +19,15 @@ model: setup-runtime  ## train the embedded default model if models/ has none
 run: model       ## serve models/ on 127.0.0.1:50051, metrics on :9464
 	@scripts/serve.sh --model-repository models --host 127.0.0.1 --grpc-port 50051 --metrics-port 9464
 
-test: setup      ## test tools (promtool, k8s validators; no network once there), then the whole suite
+test: setup      ## test tools (promtool, chromium, k8s validators; no network once there), then the whole suite
 	@scripts/install_promtool.sh
+	@scripts/install_chromium.sh
 	@scripts/install_k8s_tools.sh >/dev/null
 	@$(PY) -m pytest -q
+
+.PHONY: image-test
+image-test: setup  ## build the images from a clean clone (Docker), run the CPU one as docs/deploy.md says
+	@scripts/image_test.sh
 
 fuzz: setup      ## the server fuzz tests at length (CI runs a short, fixed profile)
 	@HYPOTHESIS_PROFILE=long $(PY) -m pytest -q --timeout=0 tests/service/test_fuzz.py
@@ -42,6 +47,7 @@ bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/resu
 	@$(PY) -m bench.scaling
 	@$(PY) -m bench.footprint
 	@$(PY) -m bench.overload
+	@$(PY) -m bench.big_table
 
 bench-smoke: setup  ## every serving-bench path once at tiny sizes (seconds; bench/results/quick/)
 	@$(PY) -m bench --quick --out bench/results/quick

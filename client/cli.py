@@ -85,6 +85,8 @@ def _embed(client: EmbeddingClient, args: argparse.Namespace) -> None:
                "start_position": args.start_position, "compose": args.compose,
                "dtype": args.dtype, "truncate": args.truncate,
                "allow_special_tokens": args.allow_special_tokens}
+    if args.add_special_tokens is not None:  # absent: the model's default (e.g. BOS)
+        options["add_special_tokens"] = args.add_special_tokens
     if not args.shm:
         e = client.embed(args.text, args.ids, **options)
         _show(e, args)
@@ -131,7 +133,16 @@ def _info(client: EmbeddingClient, args: argparse.Namespace) -> None:
     print(f"vocab_size {m.vocab_size}  table_rows {m.table_rows}  dim {m.dim}  "
           f"max_seq_len {m.max_seq_len}  position {m.position}")
     print(f"storage_dtype {m.storage_dtype}  device {m.device}")
-    print(f"tokenizer {m.tokenizer.encoding}  {m.tokenizer.file}  sha256 {m.tokenizer.sha256}")
+    if m.has_tokenizer:
+        kind = m.tokenizer.kind or "tiktoken"
+        print(f"tokenizer {kind} {m.tokenizer.encoding}  {m.tokenizer.file}  "
+              f"sha256 {m.tokenizer.sha256}")
+    else:
+        print("tokenizer none (ids-only: text requests are refused)")
+    # family "" = trained by this project's job; hidden_size differs from dim for OPT's
+    # project_in (token-only rows have dim columns, the default compose hidden_size).
+    print(f"family {m.family or '-'}  rules {m.rules or 'none'}  "
+          f"hidden_size {m.hidden_size or m.dim}")
     print(f"limits  max_tokens_per_request {m.max_tokens_per_request}  "
           f"max_text_bytes {m.max_text_bytes}  max_message_bytes {m.max_message_bytes}")
     rows = f"{m.untrained_rows} untrained rows" if m.has_row_updates else "no row statistics"
@@ -174,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--start-position", type=int, default=0)
     e.add_argument("--compose", choices=list(COMPOSE), default="token+position")
     e.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    e.add_argument("--add-special-tokens", action=argparse.BooleanOptionalAction,
+                   default=None, help="add (or omit) the model's BOS/EOS; default: "
+                   "the model's own default")
     e.add_argument("--truncate", choices=list(TRUNCATE), default="none")
     e.add_argument("--allow-special-tokens", action="store_true")
     e.add_argument("--out", help="save the array here with np.save (.npy)")

@@ -106,7 +106,8 @@ class EmbeddingClient(_Channel):
 
         options: model, version, start_position, compose ("token+position" | "token" |
         "position"), dtype ("float32" | "float16" | "bfloat16"), truncate ("none" |
-        "right" | "left"), allow_special_tokens, request_id. ``shm``: a registered region;
+        "right" | "left"), allow_special_tokens, add_special_tokens (absent: the model's
+        default), request_id. ``shm``: a registered region;
         the server writes the rows there (at ``shm_offset``) and ``array`` is a view of it.
         """
         request = _placed(embed_request(text, ids, **options), shm, shm_offset)

@@ -59,6 +59,7 @@ class BatchOptions(TypedDict, total=False):
     dtype: str | int  # float32 | float16 | bfloat16, or a pb.DType value
     truncate: str | int  # none | right | left, or a pb.Truncate value
     allow_special_tokens: bool  # False: "<|endoftext|>" in text is plain text
+    add_special_tokens: bool  # absent: the model's default (e.g. Llama's BOS)
     request_id: str  # echoed back
 
 
@@ -155,6 +156,8 @@ def embed_request(text: str | None = None, ids: Sequence[int] | None = None,
         truncate=_enum(options.get("truncate", "none"), TRUNCATE, "truncate"),
         allow_special_tokens=options.get("allow_special_tokens", False),
         request_id=options.get("request_id", ""))
+    if "add_special_tokens" in options:
+        req.add_special_tokens = bool(options["add_special_tokens"])
     if text is not None:
         req.text = text
     elif ids is not None:
@@ -174,10 +177,13 @@ def batch_request(inputs: Sequence[str | Sequence[int]], start_positions: int | 
              else pb.EmbedInput(token_ids=_token_ids(x), start_position=s)
              for x, s in zip(inputs, starts)]
     shared = embed_request(ids=(), **options)  # one place validates the shared options
-    return pb.EmbedBatchRequest(
+    batch = pb.EmbedBatchRequest(
         model=shared.model, version=shared.version, inputs=items, compose=shared.compose,
         dtype=shared.dtype, truncate=shared.truncate,
         allow_special_tokens=shared.allow_special_tokens, request_id=shared.request_id)
+    if shared.HasField("add_special_tokens"):
+        batch.add_special_tokens = shared.add_special_tokens
+    return batch
 
 
 def stream_request(item: Any, **options: Unpack[EmbedOptions]) -> pb.EmbedRequest:

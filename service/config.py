@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -35,8 +35,9 @@ class ServerConfig:
     metrics_port: int = 9464
     # auto = cuda when torch sees a GPU, else cpu; or cpu, cuda, cuda:N.
     device: str = "auto"
-    # Dtype the tables are held in on the device; the add is always fp32.
-    table_dtype: str = "float32"
+    # Dtype the tables are held in on the device: "stored" keeps the checkpoint's (a bf16
+    # table stays a memory map, widened row by row as gathered); the add is always fp32.
+    table_dtype: str = "stored"
     # Token budget of one gather+add: bounds per-batch memory ([tokens, C] floats).
     max_batch_tokens: int = 16384
     # 0 = take what is queued now (TEI's default): no latency added at low load.
@@ -97,10 +98,18 @@ class ServerConfig:
     otlp_endpoint: str = ""
     # Fraction of new traces recorded; a client's sampled/unsampled traceparent is obeyed.
     trace_sample_ratio: float = 1.0
+    # --- HTTP (service/rpc/http.py): the Open Inference Protocol's REST form, the page ---
+    # REST port (KServe v2 / Triton HTTP), same loop, admission and batches as gRPC, same
+    # TLS files and token; 0 picks a free port (tests), -1 turns HTTP off.
+    http_port: int = 8000
+    # The page at / on the HTTP port: --ui / --no-ui (EMBED_UI=1/0); unset = on unless
+    # --auth-token is set (the page is for a person at a browser, not for a locked service).
+    ui: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.table_dtype not in TABLE_DTYPE_NAMES:
-            raise ValueError(f"table_dtype {self.table_dtype!r}: {'|'.join(TABLE_DTYPE_NAMES)}")
+        if self.table_dtype not in ("stored", *TABLE_DTYPE_NAMES):
+            raise ValueError(f"table_dtype {self.table_dtype!r}: "
+                             f"stored|{'|'.join(TABLE_DTYPE_NAMES)}")
         if self.log_format not in ("json", "text"):
             raise ValueError(f"log_format {self.log_format!r}: json|text")
         if self.max_batch_tokens <= 0 or self.max_queue_tokens < self.max_batch_tokens:
@@ -125,30 +134,50 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _is_bool(annotation: object) -> bool:
+    return str(annotation).replace(" ", "") in ("bool", "bool|None")
+
+
+def _env_bool(raw: str) -> bool:
+    """An environment variable's truth: 1/true/yes/on or 0/false/no/off."""
+    word = raw.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
 def parse_config(argv: Sequence[str] | None = None,
                  environ: Mapping[str, str] | None = None) -> ServerConfig:
     """Flags, then ``EMBED_*`` environment variables, then the dataclass defaults."""
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="python -m service",
-                                     description="Serve input embeddings over gRPC.")
+                                     description="Serve input embeddings over gRPC and HTTP.")
     defaults = ServerConfig()
     for f in fields(ServerConfig):
         default = getattr(defaults, f.name)
         env_name = "EMBED_" + f.name.upper()
-        kind = type(default)
-        parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None,
+        if _is_bool(f.type):  # --x / --no-x; bool("0") would be True
+            parser.add_argument(_flag(f.name), dest=f.name, default=None,
+                                action=argparse.BooleanOptionalAction,
+                                help=f"(env {env_name}=1|0; default {default!s})")
+            continue
+        parser.add_argument(_flag(f.name), dest=f.name, type=type(default), default=None,
                             help=f"(env {env_name}; default {default!s})")
     ns = parser.parse_args(argv)
     values: dict[str, object] = {}
     for f in fields(ServerConfig):
-        kind = type(getattr(defaults, f.name))
+        kind: Callable[[str], object] = (_env_bool if _is_bool(f.type)
+                                         else type(getattr(defaults, f.name)))
         value = getattr(ns, f.name)
         if value is None and ("EMBED_" + f.name.upper()) in env:
             raw = env["EMBED_" + f.name.upper()]
             try:
                 value = kind(raw)
             except ValueError:
-                parser.error(f"EMBED_{f.name.upper()}={raw!r} is not a valid {kind.__name__}")
+                name = getattr(kind, "__name__", "") if kind is not _env_bool else "bool (1|0)"
+                parser.error(f"EMBED_{f.name.upper()}={raw!r} is not a valid {name}")
         if value is not None:
             values[f.name] = value
     try:

@@ -1,7 +1,8 @@
-"""Typed errors and the one place they become gRPC status codes.
+"""Typed errors and the one place they become gRPC status codes (and HTTP statuses).
 
 Handlers raise these; ``status_for`` maps them. Anything else is INTERNAL: logged with the
-request id, never shown to the client (no stack traces over the wire).
+request id, never shown to the client (no stack traces over the wire). The HTTP front
+turns a status code into its HTTP status with ``http_status_for``, beside it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ __all__ = [
     "FailedPrecondition",
     "InvalidArgument",
     "NotFound",
+    "RequestTooLarge",
     "ResourceExhausted",
     "Unauthenticated",
     "Unavailable",
+    "http_status_for",
     "quote",
     "status_for",
 ]
@@ -60,6 +63,12 @@ class ResourceExhausted(EmbedError):
     """Queue or in-flight limit reached, or the response would exceed the message size."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class RequestTooLarge(ResourceExhausted):
+    """A request body over ``max_message_bytes``: RESOURCE_EXHAUSTED, as gRPC answers an
+    oversized message; over HTTP it is 413, not the 429 of a full queue (retrying the same
+    body cannot succeed)."""
 
 
 class Unavailable(EmbedError):
@@ -105,3 +114,35 @@ def status_for(exc: BaseException, request_id: str = "") -> tuple[grpc.StatusCod
         return exc.code, message
     suffix = f" (request_id={quote(request_id)})" if request_id else ""
     return grpc.StatusCode.INTERNAL, f"internal error{suffix}; see server logs"
+
+
+# The REST form of the protocol (KServe v2 / Triton): every code the service answers with,
+# as an HTTP status. FAILED_PRECONDITION is 400, as KServe's REST server and Triton map a
+# request the model cannot serve; RESOURCE_EXHAUSTED is 429 (retry later: queue full, or a
+# response too large for this request's T, whose message names the T that fits).
+_HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,  # the client went away (nginx's code); never sent
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+def http_status_for(code: grpc.StatusCode, cause: BaseException | None = None) -> int:
+    """The HTTP status of a refusal with ``code``; ``cause`` (the typed error, when there
+    is one) refines it where HTTP has a sharper word: a body over the limit is 413."""
+    if isinstance(cause, RequestTooLarge):
+        return 413
+    return _HTTP_STATUS.get(code, 500)

@@ -32,6 +32,7 @@ from service.engine.tables import resolve_device
 from service.engine.validation import Limits
 from service.metrics import Metrics
 from service.rpc.frame import Frame
+from service.rpc.http import HttpFront, server_ssl_context
 from service.rpc.native import SERVICE_NAME, NativeFront
 from service.rpc.oip import OIP_SERVICE_NAME, OipFront
 from service.rpc.pacing import StreamBudgets
@@ -51,7 +52,8 @@ class EmbeddingServer:
             torch.set_num_threads(config.torch_threads)
         self.metrics = Metrics()
         self.repo = Repository(config.model_repository, self.device,
-                               BY_NAME[config.table_dtype].torch, config.default_model,
+                               None if config.table_dtype == "stored"
+                               else BY_NAME[config.table_dtype].torch, config.default_model,
                                parse_pins(config.pin_versions), self._on_load)
         self.batcher = Batcher(config.max_batch_tokens, config.max_batch_delay_us,
                                config.max_queue_tokens, self.metrics.observe_batch)
@@ -70,6 +72,12 @@ class EmbeddingServer:
                        OipFront(self.engine, self.frame))
         self.health = health.aio.HealthServicer()
         self.tracing = tracing.setup(config)  # tracing: None (nothing at all) when off
+        # The REST front: same engine and frame, on the gRPC server's loop (-1: off). The
+        # page is off when a token is required, unless --ui says otherwise.
+        ui = config.ui if config.ui is not None else not config.auth_token
+        self.http = (HttpFront(self.engine, self.frame, self.tracing, ui)
+                     if config.http_port >= 0 else None)
+        self.http_port = 0
         self.grpc_port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
@@ -141,6 +149,11 @@ class EmbeddingServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.batcher.start()
         await server.start()
+        if self.http is not None:
+            context = (server_ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca)
+                       if c.tls_cert else None)
+            self.http_port = await self.http.start(c.host, c.http_port, context,
+                                                   reuse_port=c.workers > 1)
         if c.metrics_port >= 0:
             self.metrics_port = self.metrics.serve(c.host, c.metrics_port)
         await self.refresh()
@@ -148,9 +161,9 @@ class EmbeddingServer:
             self._poller = asyncio.get_running_loop().create_task(self._poll())
         models = ", ".join(f"{m.name}/{m.version} ({m.checkpoint_id[:12]})"
                            for m in self.repo.models.values()) or "none yet"
-        log.info("serving %s on %s:%d (metrics :%d, device %s, default model %r)", models,
-                 c.host, self.grpc_port, self.metrics_port, self.device,
-                 self.repo.default_model)
+        log.info("serving %s on %s:%d (http :%d, metrics :%d, device %s, default model %r)",
+                 models, c.host, self.grpc_port, self.http_port, self.metrics_port,
+                 self.device, self.repo.default_model)
 
     async def drain(self, grace: float | None = None) -> None:
         """NOT_SERVING, refuse new work, let in-flight RPCs finish, then stop."""
@@ -162,7 +175,11 @@ class EmbeddingServer:
         log.info("draining: waiting up to %.1fs for in-flight requests", grace)
         if self._poller is not None:
             self._poller.cancel()
-        await self._server.stop(grace)
+        # Both transports stop accepting at once and share the grace for in-flight work.
+        stops = [self._server.stop(grace)]
+        if self.http is not None:
+            stops.append(self.http.stop(grace))
+        await asyncio.gather(*stops)
         await self.batcher.close()
         self._pool.shutdown(wait=False)
         self.metrics.close()
@@ -194,6 +211,11 @@ class ServerHandle:
     def grpc_port(self) -> int:
         """Bound gRPC port."""
         return self.server.grpc_port
+
+    @property
+    def http_port(self) -> int:
+        """Bound HTTP port (0 when HTTP is off)."""
+        return self.server.http_port
 
     @property
     def metrics_port(self) -> int:
@@ -249,4 +271,4 @@ def start_local(model_repository: Path, default_model: str = "") -> ServerHandle
     notebooks); use it as a context manager."""
     return start_in_thread(ServerConfig(
         model_repository=model_repository, default_model=default_model, host="127.0.0.1",
-        grpc_port=0, metrics_port=0, poll_seconds=0, device="cpu"))
+        grpc_port=0, http_port=0, metrics_port=0, poll_seconds=0, device="cpu"))

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from service.engine.batcher import Job
 
 __all__ = ["SERVICE_NAME", "SHUTDOWN_SECONDS", "Tracing", "interceptors", "meter", "record",
+           "server_span",
            "setup", "shutdown"]
 
 SERVICE_NAME = "embedding-service"  # resource service.name unless OTEL_SERVICE_NAME says
@@ -149,6 +150,38 @@ def shutdown(tracing: Tracing | None, timeout: float = SHUTDOWN_SECONDS) -> None
                                  daemon=True)
         flush.start()
         flush.join(timeout)
+
+
+@contextlib.contextmanager
+def server_span(tracing: Tracing | None, name: str, carrier: Mapping[str, str],
+                attributes: dict[str, Any]) -> Iterator[Callable[[int, str], None]]:
+    """A SERVER span around a request of a transport without an interceptor (HTTP): its
+    parent from ``carrier`` (the request's headers: ``traceparent``, ``baggage``), current
+    for the body so ``record`` adds the children. Yields ``end_with(code, message)``, the
+    gRPC status code's number the request ended with (as ``rpc.grpc.status_code``, the
+    same attribute the gRPC spans carry). ``tracing`` None: nothing at all."""
+    if tracing is None:
+        yield _no_status
+        return
+    remote = propagate.extract(carrier, context=otel_context.Context())
+    span = tracing.tracer.start_span(name, remote, SpanKind.SERVER, attributes)
+    token = otel_context.attach(trace.set_span_in_context(span, remote))
+    rpc_token = _RPC.set(_Rpc(tracing.tracer, span, False))
+    status: list[tuple[int, str]] = []
+    try:
+        yield lambda code, message: status.append((code, message))
+    finally:
+        code, message = status[-1] if status else (2, "UNKNOWN")  # 2 = UNKNOWN
+        span.set_attribute(_CODE_ATTR, code)
+        if code != 0:
+            span.set_status(Status(StatusCode.ERROR, message))
+        span.end()
+        _RPC.reset(rpc_token)
+        otel_context.detach(token)
+
+
+def _no_status(code: int, message: str) -> None:
+    """``server_span``'s status setter when tracing is off."""
 
 
 def record(admission: Admission, job: Job, request_id: str) -> None:

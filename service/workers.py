@@ -170,6 +170,9 @@ def run_workers(config: ServerConfig, policy: RestartPolicy | None = None) -> No
     """Start ``config.workers`` servers sharing the gRPC port, supervise, exit with status."""
     if config.grpc_port == 0:
         raise SystemExit("--workers > 1 needs a fixed --grpc-port (0 would differ per worker)")
+    if config.http_port == 0:
+        raise SystemExit("--workers > 1 needs a fixed --http-port, or -1 (0 would differ per "
+                         "worker)")
     sup = _Supervisor(config, policy or RestartPolicy())
     for i in range(config.workers):
         sup.spawn(i)

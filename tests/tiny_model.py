@@ -32,7 +32,8 @@ def start(repo: Path, **overrides: object) -> ServerHandle:
     """A real server on free ports over ``repo``."""
     # EMBED_TEST_DEVICE=cuda runs the same tests on a GPU (scripts/gpu.sh on a lent machine).
     device = os.environ.get("EMBED_TEST_DEVICE", "cpu")
-    settings: dict[str, object] = {"grpc_port": 0, "metrics_port": 0, "poll_seconds": 0,
-                                   "default_model": "tiny", "device": device, **overrides}
+    settings: dict[str, object] = {"grpc_port": 0, "http_port": 0, "metrics_port": 0,
+                                   "poll_seconds": 0, "default_model": "tiny", "device": device,
+                                   **overrides}
     config = ServerConfig(model_repository=repo, **settings)  # type: ignore[arg-type]
     return start_in_thread(config)

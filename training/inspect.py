@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
+from service.format.hf_tokenizer import TextTokenizer, load_text_tokenizer
 from service.format.positions import sinusoidal_table
-from service.format.tokenizer import Tokenizer, load_tokenizer
 from training.plot import PlotsUnavailable, pyplot
 
 __all__ = ["InspectError", "LoadedModel", "load_model", "lookup_figure_size", "main",
@@ -42,7 +42,7 @@ class LoadedModel:
     """One verified checkpoint version and its tokenizer."""
 
     checkpoint: Checkpoint
-    tokenizer: Tokenizer
+    tokenizer: TextTokenizer
 
     @property
     def position_table(self) -> torch.Tensor | None:
@@ -64,10 +64,13 @@ def load_model(repository: Path, model: str, version: int | None = None) -> Load
     elif version not in versions:
         raise InspectError(f"{model_dir}: no version {version} (have {versions})")
     ckpt = read_checkpoint(model_dir / str(version))
-    return LoadedModel(ckpt, load_tokenizer(ckpt.manifest.tokenizer, ckpt.tokenizer_path))
+    if ckpt.manifest.tokenizer is None or ckpt.tokenizer_path is None:
+        raise InspectError(f"{model_dir / str(version)}: imported without a tokenizer "
+                           f"(ids-only); inspect needs one to name tokens")
+    return LoadedModel(ckpt, load_text_tokenizer(ckpt.manifest.tokenizer, ckpt.tokenizer_path))
 
 
-def token_string(tokenizer: Tokenizer, token_id: int) -> str:
+def token_string(tokenizer: TextTokenizer, token_id: int) -> str:
     """A token's text, quoted so leading spaces and partial UTF-8 show."""
     return repr(tokenizer.token_bytes([token_id])[0].decode("utf-8", errors="replace"))
 

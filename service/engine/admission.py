@@ -58,6 +58,8 @@ class Options:
     dtype: int = pb.DTYPE_FLOAT32
     truncate: int = pb.TRUNCATE_NONE
     allow_special_tokens: bool = False
+    # None: the model's default (AutoTokenizer's: e.g. Llama's BOS); True/False override it.
+    add_special_tokens: bool | None = None
     # The rows travel in the response message (bound by max_message_bytes); False when
     # they go to shared memory, which is bound by the region instead.
     in_message: bool = True
@@ -131,6 +133,11 @@ class Admission:
         return seqs[0].ids if len(seqs) == 1 else torch.cat([f.ids for f in seqs])
 
     @property
+    def dim(self) -> int:
+        """Columns of each row for the request's compose (token-only: the table's width)."""
+        return self.model.tables.out_dim(self.options.compose)
+
+    @property
     def itemsize(self) -> int:
         """Bytes per element of the output dtype."""
         return BY_WIRE[self.options.dtype].itemsize
@@ -172,14 +179,13 @@ class Admitter:
         self.check_size(options, inputs)
         texts = [i for i, inp in enumerate(inputs) if inp.text is not None]
         if len(texts) <= 1:  # ids are checked inline; one text needs no gather either
-            tokenized = [await self._tokens(model, inp, options.allow_special_tokens)
-                         for inp in inputs]
+            tokenized = [await self._tokens(model, inp, options) for inp in inputs]
         else:  # texts tokenize in parallel on the pool
             encoded = await asyncio.gather(*(
-                self._tokens(model, inputs[i], options.allow_special_tokens) for i in texts))
+                self._tokens(model, inputs[i], options) for i in texts))
             by_index = dict(zip(texts, encoded))
             tokenized = [by_index[i] if i in by_index
-                         else await self._tokens(model, inp, options.allow_special_tokens)
+                         else await self._tokens(model, inp, options)
                          for i, inp in enumerate(inputs)]
         sequences = [fit_length(ids, inp.start_position, options.truncate, model, self.limits,
                                 inp.field) for (ids, _), inp in zip(tokenized, inputs)]
@@ -189,9 +195,9 @@ class Admitter:
             raise InvalidArgument(f"inputs have {total} tokens in all; max_tokens_per_request "
                                   f"is {self.limits.max_tokens_per_request}")
         check_output_bytes(total, model, admission.itemsize, BY_WIRE[options.dtype].name,
-                           self.limits)
+                           self.limits, admission.dim)
         if options.in_message:
-            check_response_size(total, model, admission.itemsize, self.limits)
+            check_response_size(total, model, admission.itemsize, self.limits, admission.dim)
         return admission
 
     def check_size(self, options: Options, inputs: Sequence[Input]) -> None:
@@ -218,12 +224,14 @@ class Admitter:
                                   f"max_tokens_per_request is {cap}")
 
     async def _tokens(self, model: LoadedModel, inp: Input,
-                      allow_special: bool) -> tuple[np.ndarray, int]:
+                      options: Options) -> tuple[np.ndarray, int]:
         """The input's ids (int64, in range) and the nanoseconds spent tokenizing."""
         if inp.text is not None:  # its size was checked with the request's (check_size)
+            tokenizer = model.tokenizer  # FAILED_PRECONDITION for an ids-only model
             t0 = time.perf_counter_ns()
             ids = await asyncio.get_running_loop().run_in_executor(
-                self._pool, model.tokenizer.encode, inp.text, allow_special)
+                self._pool, tokenizer.encode, inp.text, options.allow_special_tokens,
+                options.add_special_tokens)
             ns = time.perf_counter_ns() - t0
             self._metrics.tokenize_duration.observe(ns / 1e9)
             return np.asarray(ids, dtype=np.int64), ns
@@ -259,7 +267,7 @@ class Admitter:
     def account(self, admission: Admission, job: Job) -> None:
         """Record a finished job's tokens, bytes and queue time (on the event loop)."""
         model = admission.model
-        nbytes = job.tokens * model.tables.dim * admission.itemsize
+        nbytes = job.tokens * admission.dim * admission.itemsize
         self._metrics.tokens.labels(model.name).inc(job.tokens)
         self._metrics.output_bytes.labels(model.name,
                                           BY_WIRE[admission.options.dtype].name).inc(nbytes)

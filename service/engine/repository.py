@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from service.engine.tables import EmbeddingTables
-from service.errors import NotFound, Unavailable, quote
+from service.errors import FailedPrecondition, NotFound, Unavailable, quote
 from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
+from service.format.hf_tokenizer import TextTokenizer, load_text_tokenizer
 from service.format.positions import sinusoidal_table
-from service.format.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["LoadedModel", "Repository", "load_model", "parse_pins", "public_reason"]
 
@@ -36,7 +36,7 @@ class LoadedModel:
     name: str
     version: int
     checkpoint: Checkpoint
-    tokenizer: Tokenizer
+    text_tokenizer: TextTokenizer | None  # None: an ids-only model
     tables: EmbeddingTables
     untrained: torch.Tensor | None  # (table_rows,) bool: never updated in training
 
@@ -45,20 +45,39 @@ class LoadedModel:
         """sha256 of manifest.json."""
         return self.checkpoint.checkpoint_id
 
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        """The model's tokenizer; FAILED_PRECONDITION for an ids-only model, so every
+        RPC that needs text (Embed text, Tokenize, Detokenize, OIP text) refuses alike."""
+        if self.text_tokenizer is None:
+            raise FailedPrecondition(f"model {self.name!r} was imported without a tokenizer "
+                                     f"(ids-only): send token_ids, not text")
+        return self.text_tokenizer
+
 
 def load_model(name: str, version_dir: Path, device: torch.device,
-               table_dtype: torch.dtype) -> LoadedModel:
-    """Verify and load one version directory (CheckpointError/ValueError when invalid)."""
+               table_dtype: torch.dtype | None) -> LoadedModel:
+    """Verify and load one version directory (CheckpointError/ValueError when invalid).
+
+    ``table_dtype`` None keeps the stored dtype (the tables stay memory maps on CPU).
+    """
     ckpt = read_checkpoint(version_dir)
     m = ckpt.manifest
-    tokenizer = load_tokenizer(m.tokenizer, ckpt.tokenizer_path)
-    if tokenizer.n_vocab != m.vocab_size:
-        raise CheckpointError(f"{version_dir}: tokenizer has {tokenizer.n_vocab} tokens, "
-                              f"manifest vocab_size is {m.vocab_size}")
+    tokenizer = None
+    if m.tokenizer is not None and ckpt.tokenizer_path is not None:
+        tokenizer = load_text_tokenizer(m.tokenizer, ckpt.tokenizer_path)
+        # tiktoken: its n_vocab is the vocabulary. A tokenizer.json may cover fewer ids
+        # than the model's rows (Qwen2 pads its table), never more.
+        bad = (tokenizer.n_vocab > m.vocab_size if m.tokenizer.kind == "hf"
+               else tokenizer.n_vocab != m.vocab_size)
+        if bad:
+            raise CheckpointError(f"{version_dir}: tokenizer has {tokenizer.n_vocab} tokens, "
+                                  f"manifest vocab_size is {m.vocab_size}")
     position_table = ckpt.position_table
     if m.position == "sinusoidal":
         position_table = sinusoidal_table(m.max_seq_len, m.dim)  # (max_seq_len, C)
-    tables = EmbeddingTables(ckpt.token_table, position_table, device, table_dtype)
+    tables = EmbeddingTables(ckpt.token_table, position_table, device, table_dtype,
+                             m.rules, ckpt.rule_tensors)
     untrained = None if ckpt.row_updates is None else ckpt.row_updates == 0  # (rows,)
     return LoadedModel(name, int(version_dir.name), ckpt, tokenizer, tables, untrained)
 
@@ -90,7 +109,7 @@ def parse_pins(spec: str) -> dict[str, int]:
 class Repository:
     """Loaded models by name; ``refresh`` (re)scans the directory."""
 
-    def __init__(self, root: Path, device: torch.device, table_dtype: torch.dtype,
+    def __init__(self, root: Path, device: torch.device, table_dtype: torch.dtype | None,
                  default_model: str = "", pins: dict[str, int] | None = None,
                  on_load: Callable[[str, int, str], None] | None = None) -> None:
         self.root = Path(root)
@@ -102,6 +121,7 @@ class Repository:
         self._models: dict[str, LoadedModel] = {}
         self._refused: dict[Path, float] = {}  # version dir -> mtime when it was refused
         self._reasons: dict[Path, str] = {}  # version dir -> why it was refused
+        self._unreadable_dirs: set[Path] = set()  # directories already logged as unlistable
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -138,9 +158,17 @@ class Repository:
             return []
         models = self._models
         rows = []
-        for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+        try:
+            model_dirs = sorted(p for p in self.root.iterdir() if p.is_dir())
+        except PermissionError:
+            return []
+        for model_dir in model_dirs:
             loaded = models.get(model_dir.name)
-            for version in list_versions(model_dir):
+            try:
+                versions = list_versions(model_dir)
+            except PermissionError:
+                continue
+            for version in versions:
                 reason = self._reasons.get(model_dir / str(version))
                 if loaded is not None and loaded.version == version:
                     rows.append((model_dir.name, version, "READY", ""))
@@ -156,12 +184,27 @@ class Repository:
         if not self.root.is_dir():
             return []
         loaded: list[LoadedModel] = []
-        for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            candidate = self._load_newest(model_dir)
+        try:
+            model_dirs = sorted(p for p in self.root.iterdir() if p.is_dir())
+        except PermissionError as e:
+            self._log_unreadable(e, self.root)
+            return []
+        for model_dir in model_dirs:
+            try:
+                candidate = self._load_newest(model_dir)
+            except PermissionError as e:  # the model directory itself cannot be listed
+                self._log_unreadable(e, model_dir)
+                continue
             if candidate is not None:
                 self._models = {**self._models, candidate.name: candidate}
                 loaded.append(candidate)
         return loaded
+
+    def _log_unreadable(self, e: PermissionError, path: Path) -> None:
+        """One error line per unreadable directory (not one per poll)."""
+        if path not in self._unreadable_dirs:
+            self._unreadable_dirs.add(path)
+            log.error("cannot scan %s: %s", path, unreadable_message(e, path))
 
     def _load_newest(self, model_dir: Path) -> LoadedModel | None:
         name = model_dir.name
@@ -179,23 +222,51 @@ class Repository:
             try:
                 model = load_model(name, version_dir, self.device, self.table_dtype)
             except (CheckpointError, ValueError, OSError) as e:
+                denied = _permission_error(e)
+                reason = unreadable_message(denied, version_dir) if denied else str(e)
                 self._refused[version_dir] = mtime
-                self._reasons[version_dir] = str(e)
-                log.error("refused model=%s version=%d: %s", name, version, e)
+                self._reasons[version_dir] = reason
+                log.error("refused model=%s version=%d: %s", name, version, reason)
                 if self._on_load:
                     self._on_load(name, version, "error")
                 continue
             self._refused.pop(version_dir, None)
             self._reasons.pop(version_dir, None)
             log.info("loaded model=%s version=%d checkpoint_id=%s dim=%d vocab_size=%d "
-                     "max_seq_len=%d position=%s device=%s", name, version,
+                     "max_seq_len=%d position=%s family=%s rules=%s device=%s", name, version,
                      model.checkpoint_id[:16], model.tables.dim,
                      model.checkpoint.manifest.vocab_size, model.checkpoint.manifest.max_seq_len,
-                     model.checkpoint.manifest.position, self.device)
+                     model.checkpoint.manifest.position,
+                     model.checkpoint.manifest.family or "-",
+                     model.checkpoint.manifest.rules.describe(), self.device)
             if self._on_load:
                 self._on_load(name, version, "ok")
             return model
         return None
+
+
+def _permission_error(e: BaseException | None) -> PermissionError | None:
+    """The PermissionError behind ``e`` (itself, or the OSError a reader wrapped)."""
+    while e is not None:
+        if isinstance(e, PermissionError):
+            return e
+        e = e.__cause__
+    return None
+
+
+def unreadable_message(e: PermissionError, where: Path) -> str:
+    """A plain refusal for a file or directory this process may not read: which path, as
+    which uid/gid, who owns it with which mode, and what to change (no traceback)."""
+    path = Path(e.filename) if e.filename else where
+    try:
+        st = path.stat()
+        owner = f"owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o}"
+    except OSError:
+        owner = "its owner and mode cannot be read either"
+    return (f"permission denied reading {path} as uid {os.getuid()} gid {os.getgid()} "
+            f"({owner}); make the repository readable by the server: files 0644 and "
+            f"directories 0755 (chmod -R a+rX {where}), or give it the server's group "
+            f"(gid {os.getgid()}, Kubernetes fsGroup) with group read; see docs/deploy.md")
 
 
 def _tree_mtime(path: Path) -> float:

@@ -8,7 +8,10 @@ device and each batch costs one host→device copy of ids+positions (pinned), on
 one add, one cast, one device→host copy (pinned) and one synchronisation.
 
 Rows are written into the caller's output tensors, which are the response bytes
-(``codec.Reply``): on CPU an fp32 response is gathered into directly.
+(``codec.Reply``): on CPU an fp32 response is gathered into directly, and so is a token
+lookup whose output dtype is the table's (a bf16 Llama table served in bf16: no widening).
+A family with computing rules (Gemma's scale, OPT's project_in, BERT/BLOOM LayerNorm)
+takes the slow path in ``service.engine.rules`` instead; the rest never pays for it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+from service.engine.rules import RuleTables
+from service.format.rules import Rules
 
 __all__ = ["COMPOSE_POSITION_ONLY", "COMPOSE_TOKEN_ONLY", "COMPOSE_TOKEN_PLUS_POSITION",
            "SHARED_GATHER_ROWS", "EmbeddingTables", "Part", "Span", "positions_of",
@@ -72,19 +78,56 @@ class EmbeddingTables:
     """One model version's token and position tables, frozen, on one device."""
 
     def __init__(self, token_table: torch.Tensor, position_table: torch.Tensor | None,
-                 device: torch.device, table_dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device, table_dtype: torch.dtype | None = torch.float32,
+                 rules: Rules | None = None,
+                 rule_tensors: dict[str, torch.Tensor] | None = None) -> None:
+        """``table_dtype`` None keeps the stored dtype (a bf16 table stays a memory map)."""
         self.device = device
-        self.dim = int(token_table.shape[1])
+        dtype = table_dtype or token_table.dtype
+        self.dim = int(token_table.shape[1])  # width of the token rows
         # A memory map already is the table: .to() is a no-op for same device and dtype.
-        self.token_table = token_table.to(device=device, dtype=table_dtype)  # (rows, C)
+        self.token_table = token_table.to(device=device, dtype=dtype)  # (rows, dim)
         self.position_table = (None if position_table is None
-                               else position_table.to(device=device, dtype=table_dtype))
+                               else position_table.to(device=device, dtype=dtype))  # (P, C)
+        self.rules = rules or Rules()
+        self._rules = (RuleTables(self.rules, rule_tensors or {}, device, dtype)
+                       if self.rules.computes else None)
+        # Width of the default compose: what the first block reads (OPT project_in: C != dim)
+        project = None if self._rules is None else self._rules.project_in
+        self.width = self.dim if project is None else int(project.shape[0])
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
         # Largest |value| of each table, read once at load: what a request's output dtype
         # must be able to hold (validation.check_dtype_range refuses float16 past 65504).
         self.token_max_abs = _max_abs(self.token_table)
         self.position_max_abs = (0.0 if self.position_table is None
                                  else _max_abs(self.position_table))
+
+    def max_abs(self, compose: int) -> float:
+        """An upper bound on |value| of any row ``compose`` returns, from the tables'
+        largest values and each computing rule's own bound (scale: times it; project_in:
+        times W's largest row L1 norm; token_type: plus its largest value; LayerNorm:
+        sqrt(C-1) * max|weight| + max|bias|, whatever its input)."""
+        if compose == COMPOSE_POSITION_ONLY:
+            return self.position_max_abs
+        r = self._rules
+        x = self.token_max_abs
+        if r is not None and r.scale is not None:
+            x *= abs(float(r.scale))
+        if compose == COMPOSE_TOKEN_ONLY:
+            return x
+        if r is not None and r.project_in is not None:  # (C, dim)
+            x *= float(r.project_in.float().abs().sum(dim=1).max())
+        if r is not None and r.token_type is not None:
+            x += _max_abs(r.token_type)
+        x += self.position_max_abs
+        if r is not None and r.ln_weight is not None and r.ln_bias is not None:
+            C = int(r.ln_weight.shape[0])
+            x = math.sqrt(max(C - 1, 1)) * _max_abs(r.ln_weight) + _max_abs(r.ln_bias)
+        return x
+
+    def out_dim(self, compose: int) -> int:
+        """Columns of the rows ``compose`` returns: token-only has the table's width."""
+        return self.dim if compose == COMPOSE_TOKEN_ONLY else self.width
 
     @property
     def table_bytes(self) -> int:
@@ -145,8 +188,18 @@ class EmbeddingTables:
         and the scratch stays in cache until it is copied out. Rows are elementwise sums,
         so every path gives the same bits.
         """
+        if self._rules is not None:
+            self._embed_rules(parts, compose)
+            return
         if self.device.type != "cpu":
             self._embed_device(parts, compose)
+            return
+        if ((compose == COMPOSE_TOKEN_ONLY or self.position_table is None)
+                and compose != COMPOSE_POSITION_ONLY
+                and self.token_table.dtype != torch.float32  # fp32: the paths below
+                and all(p[2].dtype == self.token_table.dtype for p in parts)):
+            for ids, _, out in parts:  # rows already in the wire dtype: gather straight in
+                torch.index_select(self.token_table, 0, ids, out=out)  # (N, dim)
             return
         if len(parts) > 1 and (n := sum(int(p[0].shape[0]) for p in parts)) <= SHARED_GATHER_ROWS:
             ids = torch.cat([p[0] for p in parts])  # (N,)
@@ -194,3 +247,13 @@ class EmbeddingTables:
         for _, _, out in parts:
             out.copy_(host[row: row + out.shape[0]])  # into the response bytes
             row += out.shape[0]
+
+    def _embed_rules(self, parts: Sequence[Part], compose: int) -> None:
+        """A family with computing rules: each part's rows in the table dtype, with the
+        reference's ops (``service.engine.rules``), then cast into ``out``."""
+        assert self._rules is not None
+        for ids, spans, out in parts:
+            positions = positions_of(spans).to(self.device)  # (N,)
+            x = self._rules.compose(self.token_table, self.position_table,
+                                    ids.to(self.device), positions, spans, compose)  # (N, *)
+            out.copy_(x)  # cast to the wire dtype (and device -> host)

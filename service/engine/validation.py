@@ -128,35 +128,42 @@ def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: Loade
 
 
 def check_compose(compose: int, model: LoadedModel) -> None:
-    """POSITION_ONLY needs a position table (RoPE models have none)."""
+    """POSITION_ONLY needs a position table (RoPE and ALiBi models have none: their
+    positions act inside attention, so there are no position rows to return)."""
     if compose == pb.COMPOSE_POSITION_ONLY and model.tables.position_table is None:
+        family = model.checkpoint.manifest.family
+        why = (f" (family {family!r}: its positions act inside attention, rotary or ALiBi; "
+               f"there are no position rows)" if family else "")
         raise FailedPrecondition(f"compose=COMPOSE_POSITION_ONLY needs a position table; "
                                  f"model {model.name!r} has position "
-                                 f"{model.checkpoint.manifest.position!r}")
+                                 f"{model.checkpoint.manifest.position!r}{why}")
 
 
 def check_response_size(tokens: int, model: LoadedModel, itemsize: int,
-                        limits: Limits) -> None:
-    """Refuse before compute a response gRPC would refuse to send."""
-    per_token = model.tables.dim * itemsize + _PER_TOKEN_OVERHEAD
+                        limits: Limits, dim: int | None = None) -> None:
+    """Refuse before compute a response gRPC would refuse to send (``dim``: the row width
+    of the requested compose; default the token rows')."""
+    dim = model.tables.dim if dim is None else dim
+    per_token = dim * itemsize + _PER_TOKEN_OVERHEAD
     size = _RESPONSE_OVERHEAD + tokens * per_token
     if size > limits.max_message_bytes:
         fits = max(0, (limits.max_message_bytes - _RESPONSE_OVERHEAD) // per_token)
         raise ResourceExhausted(f"response would be ~{size} bytes ({tokens} tokens x "
-                                f"{model.tables.dim} x {itemsize} B) > max_message_bytes "
+                                f"{dim} x {itemsize} B) > max_message_bytes "
                                 f"{limits.max_message_bytes}; the largest T that fits is {fits}")
 
 
 def check_output_bytes(tokens: int, model: LoadedModel, itemsize: int, dtype_name: str,
-                       limits: Limits) -> None:
+                       limits: Limits, dim: int | None = None) -> None:
     """Refuse before compute an output over ``max_output_bytes`` in the requested dtype."""
     if not limits.max_output_bytes:
         return
-    per_token = model.tables.dim * itemsize
+    dim = model.tables.dim if dim is None else dim
+    per_token = dim * itemsize
     size = tokens * per_token
     if size > limits.max_output_bytes:
         raise ResourceExhausted(f"output would be {size} bytes ({tokens} tokens x "
-                                f"{model.tables.dim} x {itemsize} B {dtype_name}) > "
+                                f"{dim} x {itemsize} B {dtype_name}) > "
                                 f"max_output_bytes {limits.max_output_bytes}; the largest T "
                                 f"that fits in {dtype_name} is "
                                 f"{limits.max_output_bytes // per_token}")
@@ -164,13 +171,8 @@ def check_output_bytes(tokens: int, model: LoadedModel, itemsize: int, dtype_nam
 
 def max_abs_output(model: LoadedModel, compose: int) -> float:
     """An upper bound on |value| of any row ``compose`` can return for this model: the
-    tables' largest |value| (recorded at load), summed when both are added."""
-    tables = model.tables
-    if compose == pb.COMPOSE_POSITION_ONLY:
-        return tables.position_max_abs
-    if compose == pb.COMPOSE_TOKEN_ONLY or tables.position_table is None:
-        return tables.token_max_abs
-    return tables.token_max_abs + tables.position_max_abs
+    tables' largest |value| (recorded at load), through the family's rules."""
+    return model.tables.max_abs(compose)
 
 
 def check_dtype_range(compose: int, dtype: int, model: LoadedModel) -> None:

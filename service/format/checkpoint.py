@@ -4,7 +4,8 @@ A model repository holds ``models/<model>/<version>/`` (version a positive integ
 
     manifest.json            format, sizes, position kind, tokenizer spec, file hashes, provenance
     embeddings.safetensors   token_embedding [table_rows, C]; position_embedding [max_seq_len, C]
-    tokenizer.tiktoken       the BPE ranks (no network, ever)
+    tokenizer.tiktoken       the BPE ranks (no network, ever), or tokenizer.json (an HF
+                             model's own); absent for an ids-only model (``tokenizer: null``)
     row_updates.safetensors  optional: token_row_updates [table_rows] int64
     model.safetensors        optional: the rest of the trained LM
 
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from service.dtypes import BY_TORCH, SAFETENSORS, TABLE_DTYPE_NAMES
+from service.format.rules import Rules
 from service.format.tokenizer import TokenizerSpec
 
 __all__ = [
@@ -59,6 +61,10 @@ TOKENIZER_FILE = "tokenizer.tiktoken"
 ROW_UPDATES_FILE = "row_updates.safetensors"
 MODEL_FILE = "model.safetensors"
 POSITION_KINDS = ("learned", "sinusoidal", "none")
+# Modes of what write_checkpoint writes: a version is readable by every user (the server runs
+# as another uid than the writer: the image's 10001, a training pod, a CI job).
+FILE_MODE = 0o644
+DIR_MODE = 0o755
 
 
 
@@ -76,18 +82,35 @@ class Manifest:
     max_seq_len: int  # rows of the position table / the context window
     position: str  # learned | sinusoidal | none
     dtype: str  # storage dtype of the tables
-    tokenizer: TokenizerSpec
+    tokenizer: TokenizerSpec | None  # None: an ids-only model (text is refused)
     files: dict[str, str] = field(default_factory=dict)  # name -> sha256
     provenance: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
+    # The source family (HF model_type, e.g. "gemma"; "" for the training job's GPT) and
+    # its rules (service.format.rules). Written only when set, so older manifests keep
+    # their bytes and checkpoint_id.
+    family: str = ""
+    rules: Rules = field(default_factory=Rules)
+    hidden_size: int = 0  # width of the default compose; 0 = dim (differs for OPT project_in)
+
+    @property
+    def width(self) -> int:
+        """Width of what the first block reads (hidden_size; dim unless project_in)."""
+        return self.hidden_size or self.dim
 
     def to_json(self) -> bytes:
         """Canonical bytes (sorted keys), so the same manifest always hashes the same."""
         d = {"format": self.format, "vocab_size": self.vocab_size,
              "table_rows": self.table_rows, "dim": self.dim, "max_seq_len": self.max_seq_len,
              "position": self.position, "dtype": self.dtype,
-             "tokenizer": self.tokenizer.to_dict(), "files": dict(self.files),
-             "provenance": self.provenance}
+             "tokenizer": None if self.tokenizer is None else self.tokenizer.to_dict(),
+             "files": dict(self.files), "provenance": self.provenance}
+        if self.family:
+            d["family"] = self.family
+        if self.rules.names():
+            d["rules"] = self.rules.to_dict()
+        if self.hidden_size:
+            d["hidden_size"] = self.hidden_size
         return (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -98,9 +121,13 @@ class Manifest:
             m = cls(vocab_size=int(d["vocab_size"]), table_rows=int(d["table_rows"]),
                     dim=int(d["dim"]), max_seq_len=int(d["max_seq_len"]),
                     position=str(d["position"]), dtype=str(d["dtype"]),
-                    tokenizer=TokenizerSpec.from_dict(d["tokenizer"]),
+                    tokenizer=(None if d["tokenizer"] is None
+                               else TokenizerSpec.from_dict(d["tokenizer"])),
                     files={str(k): str(v) for k, v in d["files"].items()},
-                    provenance=dict(d.get("provenance") or {}), format=str(d["format"]))
+                    provenance=dict(d.get("provenance") or {}), format=str(d["format"]),
+                    family=str(d.get("family", "")),
+                    rules=Rules.from_dict(d.get("rules") or {}),
+                    hidden_size=int(d.get("hidden_size", 0)))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{where}: invalid manifest ({type(e).__name__}: {e})") from e
         if m.format != FORMAT:
@@ -112,7 +139,12 @@ class Manifest:
                                   f"max_seq_len > 0")
         if m.dtype not in TABLE_DTYPE_NAMES:
             raise CheckpointError(f"{where}: dtype {m.dtype!r} not supported")
-        for name in (EMBEDDINGS_FILE, m.tokenizer.file):
+        if m.hidden_size < 0 or (m.hidden_size and m.hidden_size != m.dim
+                                 and not m.rules.project_in):
+            raise CheckpointError(f"{where}: hidden_size {m.hidden_size} differs from dim "
+                                  f"{m.dim} without the project_in rule")
+        names = [EMBEDDINGS_FILE] + ([] if m.tokenizer is None else [m.tokenizer.file])
+        for name in names:
             if name not in m.files:
                 raise CheckpointError(f"{where}: files has no entry for {name}")
         return m
@@ -128,11 +160,14 @@ class Checkpoint:
     token_table: torch.Tensor  # (table_rows, C)
     position_table: torch.Tensor | None  # (max_seq_len, C), only when position == "learned"
     row_updates: torch.Tensor | None  # (table_rows,) int64: steps that touched each row
+    # The rules' own tensors (service.format.rules.RULE_TENSORS), e.g. layernorm_weight.
+    rule_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
-    def tokenizer_path(self) -> Path:
-        """The ranks file inside the version directory."""
-        return self.path / self.manifest.tokenizer.file
+    def tokenizer_path(self) -> Path | None:
+        """The tokenizer file inside the version directory (None: ids-only)."""
+        tok = self.manifest.tokenizer
+        return None if tok is None else self.path / tok.file
 
 
 def _sha256_file(path: Path) -> str:
@@ -218,19 +253,29 @@ def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
                               f"manifest says {(m.table_rows, m.dim)}")
     position_table = tensors.get("position_embedding")
     if m.position == "learned":
-        if position_table is None or tuple(position_table.shape) != (m.max_seq_len, m.dim):
+        offset = m.rules.position_offset  # OPT stores 2 rows before position 0
+        want = (m.max_seq_len + offset, m.width)
+        if position_table is None or tuple(position_table.shape) != want:
             got = None if position_table is None else tuple(position_table.shape)
             raise CheckpointError(f"{EMBEDDINGS_FILE}: position_embedding shape {got}, "
-                                  f"manifest says {(m.max_seq_len, m.dim)}")
+                                  f"manifest says {want}")
+        position_table = position_table[offset:]  # a view: row p is position p
     else:
         position_table = None
+    rule_tensors = {}
+    for name in m.rules.tensors():
+        t = tensors.get(name)
+        if t is None:
+            raise CheckpointError(f"{EMBEDDINGS_FILE}: no {name} for rules "
+                                  f"{m.rules.names()}")
+        rule_tensors[name] = t
     row_updates = None
     if ROW_UPDATES_FILE in m.files:
         row_updates = read_safetensors(version_dir / ROW_UPDATES_FILE).get("token_row_updates")
         if row_updates is None or tuple(row_updates.shape) != (m.table_rows,):
             raise CheckpointError(f"{ROW_UPDATES_FILE}: token_row_updates must be [table_rows]")
     return Checkpoint(version_dir, manifest, checkpoint_id, token_table, position_table,
-                      row_updates)
+                      row_updates, rule_tensors)
 
 
 def list_versions(model_dir: Path) -> list[int]:
@@ -247,6 +292,14 @@ def next_version(model_dir: Path) -> int:
     return versions[-1] + 1 if versions else 1
 
 
+def _make_readable_dirs(path: Path) -> None:
+    """``mkdir -p`` whose new directories are DIR_MODE whatever the umask."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    for p in reversed(missing):
+        os.chmod(p, DIR_MODE)
+
+
 def write_checkpoint(
     version_dir: Path,
     *,
@@ -254,15 +307,21 @@ def write_checkpoint(
     position: str,
     max_seq_len: int,
     vocab_size: int,
-    tokenizer_spec: TokenizerSpec,
-    tokenizer_ranks: Path,
+    tokenizer_spec: TokenizerSpec | None,
+    tokenizer_ranks: Path | None,
     position_table: torch.Tensor | None = None,
     row_updates: torch.Tensor | None = None,
     model_tensors: Mapping[str, torch.Tensor] | None = None,
     provenance: Mapping[str, Any] | None = None,
+    family: str = "",
+    rules: Rules | None = None,
+    hidden_size: int = 0,
+    rule_tensors: Mapping[str, torch.Tensor] | None = None,
 ) -> Manifest:
     """Write a complete version directory atomically (temp dir in the parent, then rename).
 
+    ``tokenizer_spec``/``tokenizer_ranks`` None: an ids-only model. ``family``, ``rules``,
+    ``hidden_size`` and ``rule_tensors`` describe an imported family (service.format.rules).
     Raises FileExistsError if ``version_dir`` exists: versions are immutable.
     """
     from safetensors.torch import save_file  # the reference writer
@@ -277,22 +336,29 @@ def write_checkpoint(
         raise ValueError(f"token_table has {table_rows} rows < vocab_size {vocab_size}")
     if (position == "learned") != (position_table is not None):
         raise ValueError("position_table is required exactly when position == 'learned'")
-    if position_table is not None and tuple(position_table.shape) != (max_seq_len, dim):
-        raise ValueError(f"position_table shape {tuple(position_table.shape)} != "
-                         f"{(max_seq_len, dim)}")
+    rules = rules or Rules()
+    want = (max_seq_len + rules.position_offset, hidden_size or dim)
+    if position_table is not None and tuple(position_table.shape) != want:
+        raise ValueError(f"position_table shape {tuple(position_table.shape)} != {want}")
+    if sorted(rule_tensors or {}) != sorted(rules.tensors()):
+        raise ValueError(f"rule_tensors {sorted(rule_tensors or {})} != what rules "
+                         f"{rules.names()} need: {sorted(rules.tensors())}")
     dtype = BY_TORCH[token_table.dtype].name if token_table.dtype in BY_TORCH else None
     if dtype is None:
         raise ValueError(f"token_table dtype {token_table.dtype} not supported")
 
-    version_dir.parent.mkdir(parents=True, exist_ok=True)
+    _make_readable_dirs(version_dir.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version_dir.name}.tmp-", dir=version_dir.parent))
     try:
         tables = {"token_embedding": token_table.detach().contiguous().cpu()}
         if position_table is not None:
             tables["position_embedding"] = position_table.detach().to(token_table.dtype)
             tables["position_embedding"] = tables["position_embedding"].contiguous().cpu()
+        for name, t in (rule_tensors or {}).items():  # kept in their own dtype, as stored
+            tables[name] = t.detach().contiguous().cpu()
         save_file(tables, str(tmp / EMBEDDINGS_FILE), metadata={"format": FORMAT})
-        shutil.copyfile(tokenizer_ranks, tmp / tokenizer_spec.file)
+        if tokenizer_spec is not None and tokenizer_ranks is not None:
+            shutil.copyfile(tokenizer_ranks, tmp / tokenizer_spec.file)
         if row_updates is not None:
             counts = row_updates.detach().to(torch.int64).contiguous().cpu()
             save_file({"token_row_updates": counts}, str(tmp / ROW_UPDATES_FILE))
@@ -300,20 +366,24 @@ def write_checkpoint(
             rest = {k: v.detach().contiguous().cpu() for k, v in model_tensors.items()}
             save_file(rest, str(tmp / MODEL_FILE))
         files = {p.name: _sha256_file(p) for p in sorted(tmp.iterdir())}
-        spec = TokenizerSpec(file=tokenizer_spec.file, encoding=tokenizer_spec.encoding,
-                             pat_str=tokenizer_spec.pat_str,
-                             special_tokens=dict(tokenizer_spec.special_tokens),
-                             sha256=files[tokenizer_spec.file])
+        spec = None if tokenizer_spec is None else TokenizerSpec(
+            file=tokenizer_spec.file, encoding=tokenizer_spec.encoding,
+            pat_str=tokenizer_spec.pat_str, special_tokens=dict(tokenizer_spec.special_tokens),
+            sha256=files[tokenizer_spec.file], kind=tokenizer_spec.kind)
         prov = {"created": datetime.now(UTC).isoformat(timespec="seconds"),
                 **dict(provenance or {})}
         manifest = Manifest(vocab_size=vocab_size, table_rows=table_rows, dim=dim,
                             max_seq_len=max_seq_len, position=position, dtype=dtype,
-                            tokenizer=spec, files=files, provenance=prov)
+                            tokenizer=spec, files=files, provenance=prov, family=family,
+                            rules=rules, hidden_size=hidden_size)
         (tmp / MANIFEST_FILE).write_bytes(manifest.to_json())
         for p in tmp.iterdir():  # durable before it becomes visible
+            # Readable by any user who can reach the repository (a server with another uid,
+            # a shared volume), whatever the writer's umask or safetensors' own 0600.
+            os.chmod(p, FILE_MODE)
             with p.open("rb") as f:
                 os.fsync(f.fileno())
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, DIR_MODE)
         os.rename(tmp, version_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -19,6 +19,7 @@ __all__ = [
     "GPT2_PAT_STR",
     "GPT2_RANKS_SHA256",
     "GPT2_SPECIAL_TOKENS",
+    "TOKENIZER_KINDS",
     "Tokenizer",
     "TokenizerSpec",
     "default_ranks_path",
@@ -33,6 +34,7 @@ ENDOFTEXT = "<|endoftext|>"
 GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""  # noqa: E501
 # fmt: on
 GPT2_SPECIAL_TOKENS = {ENDOFTEXT: 50256}
+TOKENIZER_KINDS = ("tiktoken", "hf")
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 
@@ -51,14 +53,23 @@ class TokenizerSpec:
 
     file: str  # ranks file name inside the version directory
     encoding: str  # e.g. "gpt2"
-    pat_str: str  # the pre-tokenizer regex
+    pat_str: str  # the pre-tokenizer regex ("" for a tokenizer.json: the file has its own)
     special_tokens: dict[str, int] = field(default_factory=dict)
     sha256: str = ""  # of the ranks file
+    # "tiktoken": a .tiktoken ranks file; "hf": a Hugging Face tokenizer.json (see
+    # service.format.hf_tokenizer). Absent in older manifests, which are all tiktoken.
+    kind: str = "tiktoken"
 
     def to_dict(self) -> dict[str, object]:
-        """JSON form, as in manifest.json."""
-        return {"file": self.file, "encoding": self.encoding, "pat_str": self.pat_str,
-                "special_tokens": dict(self.special_tokens), "sha256": self.sha256}
+        """JSON form, as in manifest.json (``kind`` only when not the old default, so
+        older manifests keep their bytes and their checkpoint_id)."""
+        d: dict[str, object] = {"file": self.file, "encoding": self.encoding,
+                                "pat_str": self.pat_str,
+                                "special_tokens": dict(self.special_tokens),
+                                "sha256": self.sha256}
+        if self.kind != "tiktoken":
+            d["kind"] = self.kind
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> TokenizerSpec:
@@ -66,9 +77,12 @@ class TokenizerSpec:
         special = d.get("special_tokens") or {}
         if not isinstance(special, dict):
             raise TypeError("tokenizer.special_tokens must be an object")
+        kind = str(d.get("kind", "tiktoken"))
+        if kind not in TOKENIZER_KINDS:
+            raise ValueError(f"tokenizer.kind {kind!r} not in {TOKENIZER_KINDS}")
         return cls(file=str(d["file"]), encoding=str(d["encoding"]), pat_str=str(d["pat_str"]),
                    special_tokens={str(k): int(v) for k, v in special.items()},
-                   sha256=str(d.get("sha256", "")))
+                   sha256=str(d.get("sha256", "")), kind=kind)
 
 
 def gpt2_spec(file: str = "tokenizer.tiktoken", sha256: str = GPT2_RANKS_SHA256) -> TokenizerSpec:
@@ -100,8 +114,13 @@ class Tokenizer:
                                       mergeable_ranks=ranks, special_tokens=spec.special_tokens)
         self.n_vocab: int = self._enc.n_vocab
 
-    def encode(self, text: str, allow_special_tokens: bool = False) -> list[int]:
-        """Token ids; without ``allow_special_tokens`` "<|endoftext|>" is plain text."""
+    def encode(self, text: str, allow_special_tokens: bool = False,
+               add_special_tokens: bool | None = None) -> list[int]:
+        """Token ids; without ``allow_special_tokens`` "<|endoftext|>" is plain text.
+
+        ``add_special_tokens`` is accepted for the shared interface: a tiktoken encoding
+        adds no BOS/EOS of its own (nor does HF's GPT-2 tokenizer), so there is none to add.
+        """
         if allow_special_tokens:
             return self._enc.encode(text, allowed_special="all")
         return self._enc.encode(text, allowed_special=set(), disallowed_special=())

@@ -134,11 +134,11 @@ class Frame:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start_ns = time.perf_counter_ns()
             if isinstance(request, codec.Undecodable):
-                call = grpc_call(rpc, context, start_ns)
+                call = grpc_call(rpc, context, start_ns, auth=bool(self._auth))
                 body: Callable[[], Awaitable[Any]] = request.fail
             else:
                 model, request_id = labels(rpc, request)
-                call = grpc_call(rpc, context, start_ns, model, request_id)
+                call = grpc_call(rpc, context, start_ns, model, request_id, bool(self._auth))
                 body = lambda: fn(request, call)  # noqa: E731
             try:
                 return await self.run(call, body)
@@ -151,7 +151,7 @@ class Frame:
                      fn: Callable[[AsyncIterator[Any], Call], AsyncIterator[Any]]) -> Any:
         async def handler(requests: AsyncIterator[Any],
                           context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            call = grpc_call(rpc, context, time.perf_counter_ns())
+            call = grpc_call(rpc, context, time.perf_counter_ns(), auth=bool(self._auth))
             try:
                 try:
                     self.admit(call)  # the stream's own credentials; each item is framed too
@@ -165,22 +165,26 @@ class Frame:
         return handler
 
     async def item(self, call: Call, model: str, request_id: str,
-                   body: Callable[[], Awaitable[T]]) -> T:
-        """One item of a stream, framed like a unary call of its own."""
-        return await self.run(replace(call, model=model, request_id=request_id,
-                                      start_ns=time.perf_counter_ns()), body)
+                   body: Callable[[Call], Awaitable[T]]) -> T:
+        """One item of a stream, framed like a unary call of its own: ``body`` gets the
+        item's call (its own start time, model and request id)."""
+        item = replace(call, model=model, request_id=request_id,
+                       start_ns=time.perf_counter_ns())
+        return await self.run(item, lambda: body(item))
 
 
 def grpc_call(rpc: str, context: grpc.aio.ServicerContext, start_ns: int, model: str = "",
-              request_id: str = "") -> Call:
-    """The ``Call`` of a gRPC request: its metadata and deadline."""
-    auth = ""
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
-            auth = value if isinstance(value, str) else ""
+              request_id: str = "", auth: bool = False) -> Call:
+    """The ``Call`` of a gRPC request: its deadline, and its credentials when ``auth``
+    (the metadata is only read when there is a token to check: it costs on every RPC)."""
+    authorization = ""
+    if auth:
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                authorization = value
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
-    return Call(rpc, model, request_id, auth, deadline, start_ns)
+    return Call(rpc, model, request_id, authorization, deadline, start_ns)
 
 
 def _serialize(response: Any) -> bytes:

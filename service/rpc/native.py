@@ -22,6 +22,7 @@ from service.engine.engine import Engine
 from service.engine.repository import LoadedModel
 from service.engine.shm import ShmDestination
 from service.engine.validation import check_ids
+from service.format.tokenizer import TokenizerSpec
 from service.rpc import codec
 from service.rpc.frame import Call, Frame
 from service.rpc.pacing import StreamBudgets
@@ -79,7 +80,7 @@ class NativeFront:
         """Plan where the rows go (the response bytes, or a shared-memory region), then
         batch the lookup into it. ``reserve`` (streams) waits for room for the answer's
         bytes before anything is allocated."""
-        shape = (admission.tokens, admission.model.tables.dim)
+        shape = (admission.tokens, admission.dim)
         dtype = admission.options.dtype
         if reserve is not None:
             rows = shape[0] * shape[1] * admission.itemsize if output is None else 0
@@ -143,8 +144,8 @@ class NativeFront:
             try:
                 return await self.frame.item(
                     call, request.model, request.request_id,
-                    lambda: self._embed_one(request, call,
-                                            functools.partial(pacer.reserve, seq)))
+                    lambda item: self._embed_one(request, item,
+                                                 functools.partial(pacer.reserve, seq)))
             finally:
                 pacer.skip(seq)  # refused before reserving: the next answer's turn
 
@@ -229,15 +230,15 @@ class NativeFront:
             vocab_size=m.vocab_size, table_rows=m.table_rows, dim=m.dim,
             max_seq_len=m.max_seq_len, position=m.position, storage_dtype=m.dtype,
             device=str(model.tables.device),
-            tokenizer=pb.TokenizerInfo(encoding=m.tokenizer.encoding, file=m.tokenizer.file,
-                                       sha256=m.tokenizer.sha256,
-                                       special_tokens=m.tokenizer.special_tokens),
+            tokenizer=_tokenizer_info(m.tokenizer),
             is_default=model.name == self.engine.repo.default_model,
             max_tokens_per_request=min(self.engine.limits.max_tokens_per_request, m.max_seq_len),
             max_text_bytes=self.engine.limits.max_text_bytes,
             max_message_bytes=self.engine.limits.max_message_bytes,
             provenance_json=json.dumps(m.provenance, sort_keys=True),
-            has_row_updates=model.untrained is not None, untrained_rows=untrained)
+            has_row_updates=model.untrained is not None, untrained_rows=untrained,
+            family=m.family, rules=m.rules.describe(), hidden_size=m.width,
+            has_tokenizer=m.tokenizer is not None)
 
 
 def _labels(rpc: str, request: Any) -> tuple[str, str]:
@@ -249,7 +250,17 @@ def _options(request: pb.EmbedRequest | pb.EmbedBatchRequest) -> Options:
     """The request-wide settings of an Embed or EmbedBatch request."""
     return Options(request.model, request.version, request.compose, request.dtype,
                    request.truncate, request.allow_special_tokens,
+                   add_special_tokens=(request.add_special_tokens
+                                       if request.HasField("add_special_tokens") else None),
                    in_message=not request.HasField("output"))
+
+
+def _tokenizer_info(spec: TokenizerSpec | None) -> pb.TokenizerInfo:
+    """ModelInfo's tokenizer (empty, kind "", for an ids-only model)."""
+    if spec is None:
+        return pb.TokenizerInfo()
+    return pb.TokenizerInfo(encoding=spec.encoding, file=spec.file, sha256=spec.sha256,
+                            special_tokens=spec.special_tokens, kind=spec.kind)
 
 
 def _shm_output(request: pb.EmbedRequest | pb.EmbedBatchRequest

@@ -11,7 +11,9 @@ ModelInfer tensors (what ModelMetadata describes):
            sequence's length are zero)
   request parameters: ``start_position`` (int64), ``compose`` ("token_plus_position" |
   "token_only" | "position_only"), ``datatype`` ("FP32" | "FP16" | "BF16"), ``truncate``
-  ("none" | "right" | "left"), ``allow_special_tokens`` (bool).
+  ("none" | "right" | "left"), ``allow_special_tokens`` (bool), ``add_special_tokens``
+  (bool; absent = the model's default, as AutoTokenizer applies it).
+ModelMetadata also carries ``parameters``: family, rules, tokenizer, hidden_size.
 Shared memory (Triton's system shared-memory extension): the ``embeddings`` output's
 ``shared_memory_region`` / ``shared_memory_offset`` / ``shared_memory_byte_size``
 parameters put the [B, T, C] rows in a registered region instead of the response.
@@ -29,11 +31,13 @@ from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.dtypes import BY_WIRE
 from service.engine.admission import Options
 from service.engine.engine import Engine
-from service.errors import EmbedError, InvalidArgument, quote
+from service.errors import EmbedError
 from service.rpc import codec
 from service.rpc.frame import Call, Frame
 from service.rpc.oip_tensors import (
     DATATYPES,
+    model_parameters,
+    model_version,
     output_dtype,
     read_input,
     request_parameters,
@@ -95,12 +99,15 @@ class OipFront:
         """The model's tensors: exactly what ModelInfer takes and returns."""
         model = self.engine.model(request.name, _version(request.version))
         meta = oip.ModelMetadataResponse.TensorMetadata
-        return oip.ModelMetadataResponse(
+        response = oip.ModelMetadataResponse(
             name=model.name, versions=[str(model.version)], platform="embedding",
             inputs=[meta(name="input_ids", datatype="INT64", shape=[-1, -1]),
                     meta(name="text", datatype="BYTES", shape=[-1])],
-            outputs=[meta(name="embeddings", datatype="FP32", shape=[-1, -1, model.tables.dim]),
+            outputs=[meta(name="embeddings", datatype="FP32",
+                          shape=[-1, -1, model.tables.width]),
                      meta(name="sequence_lengths", datatype="INT64", shape=[-1])])
+        model_parameters(response.parameters, model.checkpoint.manifest)
+        return response
 
     async def RepositoryIndex(self, request: oip.RepositoryIndexRequest,
                               call: Call) -> oip.RepositoryIndexResponse:
@@ -121,11 +128,12 @@ class OipFront:
         inputs = read_input(request, params["start_position"])
         options = Options(request.model_name, _version(request.model_version),
                           params["compose"], dtype, params["truncate"],
-                          params["allow_special_tokens"], in_message=shm is None)
+                          params["allow_special_tokens"], params["add_special_tokens"],
+                          in_message=shm is None)
         admission = await self.engine.admit(options, inputs)
         model = admission.model
         lengths = admission.lengths
-        B, T, C = len(lengths), max(lengths), model.tables.dim
+        B, T, C = len(lengths), max(lengths), admission.dim
         out = oip.ModelInferResponse.InferOutputTensor
         fields = oip.ModelInferResponse(
             model_name=model.name, model_version=str(model.version), id=request.id,
@@ -199,17 +207,5 @@ def _labels(rpc: str, request: Any) -> tuple[str, str]:
     return "", ""
 
 
-_MAX_VERSION = 2**63 - 1  # versions are int64 in the native contract
-
-
-def _version(text: str) -> int:
-    """OIP versions are strings: "" = newest; otherwise a positive integer in ASCII digits
-    (``str.isdigit`` also accepts "²" and other digits ``int`` refuses) within int64."""
-    if not text:
-        return 0
-    if not (text.isascii() and text.isdigit() and len(text) <= 19
-            and 0 < int(text) <= _MAX_VERSION):
-        raise InvalidArgument(f"model_version={quote(text, 32)} must be empty or a positive "
-                              f"integer")
-    return int(text)
+_version = model_version  # "" = newest; otherwise a positive integer (shared with REST)
 

@@ -7,6 +7,7 @@ or an ``InvalidArgument`` naming the tensor, parameter and limit.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,9 +17,11 @@ from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.dtypes import BY_OIP, BY_WIRE
 from service.engine.admission import Input, Inputs
 from service.errors import InvalidArgument, quote
+from service.format.checkpoint import Manifest
 
-__all__ = ["DATATYPES", "output_dtype", "read_input", "request_parameters",
-           "requested_outputs"]
+__all__ = ["DATATYPES", "ONE_INPUT", "datatype", "model_parameters", "model_version",
+           "output_dtype", "output_names", "parameters", "read_input", "read_tensor",
+           "request_parameters", "requested_outputs"]
 
 DATATYPES: dict[int, str] = {wire: d.oip for wire, d in BY_WIRE.items()}  # the OIP names
 _DTYPE_OF = {name: d.wire for name, d in BY_OIP.items()}
@@ -31,6 +34,22 @@ _ID_TYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dty
 # Set by Triton clients for scheduling; meaningless for a lookup, so accepted and ignored.
 _IGNORED = {"priority", "timeout"}
 _MAX_START = 2**32 - 1  # start_position is a uint32 in the native contract
+ONE_INPUT = "give exactly one of 'input_ids' [B, T] (INT64/INT32) or 'text' [B] (BYTES)"
+
+
+_MAX_VERSION = 2**63 - 1  # versions are int64 in the native contract
+
+
+def model_version(text: str) -> int:
+    """OIP versions are strings: "" = newest; otherwise a positive integer in ASCII digits
+    (``str.isdigit`` also accepts "²" and other digits ``int`` refuses) within int64."""
+    if not text:
+        return 0
+    if not (text.isascii() and text.isdigit() and len(text) <= 19
+            and 0 < int(text) <= _MAX_VERSION):
+        raise InvalidArgument(f"model_version={quote(text, 32)} must be empty or a positive "
+                              f"integer")
+    return int(text)
 
 
 def _value(p: oip.InferParameter) -> Any:
@@ -39,10 +58,19 @@ def _value(p: oip.InferParameter) -> Any:
 
 
 def request_parameters(request: oip.ModelInferRequest) -> dict[str, Any]:
-    """``start_position``, ``compose``, ``truncate``, ``allow_special_tokens`` (and the
-    raw ``datatype``), with defaults; unknown names are refused, not silently ignored."""
-    known = {"start_position", "compose", "truncate", "allow_special_tokens", "datatype"}
-    raw = {k: _value(v) for k, v in request.parameters.items() if k not in _IGNORED}
+    """The request's parameters, read by ``parameters``."""
+    return parameters({k: _value(v) for k, v in request.parameters.items()})
+
+
+def parameters(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``start_position``, ``compose``, ``truncate``, ``allow_special_tokens``,
+    ``add_special_tokens`` (and the raw ``datatype``), with defaults; unknown names are
+    refused, not silently ignored. ``values`` are plain Python values: the gRPC form's
+    ``InferParameter``s, or the REST form's JSON ``parameters`` (its transport parameters
+    already taken out)."""
+    known = {"start_position", "compose", "truncate", "allow_special_tokens", "datatype",
+             "add_special_tokens"}
+    raw = {k: v for k, v in values.items() if k not in _IGNORED}
     unknown = sorted(set(raw) - known)
     if unknown:
         shown = ", ".join(quote(name, 32) for name in unknown[:4])
@@ -58,6 +86,9 @@ def request_parameters(request: oip.ModelInferRequest) -> dict[str, Any]:
             "compose": _choice(raw, "compose", _COMPOSE, "token_plus_position"),
             "truncate": _choice(raw, "truncate", _TRUNCATE, "none"),
             "allow_special_tokens": _flag(raw, "allow_special_tokens"),
+            # None (absent): the model's default, as AutoTokenizer applies it
+            "add_special_tokens": (None if "add_special_tokens" not in raw
+                                   else _flag(raw, "add_special_tokens")),
             "datatype": raw.get("datatype")}
 
 
@@ -79,14 +110,7 @@ def _flag(raw: dict[str, Any], name: str) -> bool:
 def requested_outputs(request: oip.ModelInferRequest) -> tuple[set[str], tuple[str, int] | None]:
     """The outputs to return (none requested = all) and the embeddings' shared-memory
     (region, offset) if it names one."""
-    names = [o.name for o in request.outputs]
-    for name in names:
-        if name not in _OUTPUTS:
-            raise InvalidArgument(f"output {quote(name)} is not an output of this model "
-                                  f"(outputs: {', '.join(_OUTPUTS)})")
-    wanted = set(names) if names else set(_OUTPUTS)
-    if "embeddings" not in wanted:
-        raise InvalidArgument("outputs must include 'embeddings'")
+    wanted = output_names([o.name for o in request.outputs])
     for o in request.outputs:
         if o.name == "embeddings" and "shared_memory_region" in o.parameters:
             region = _value(o.parameters["shared_memory_region"])
@@ -99,6 +123,19 @@ def requested_outputs(request: oip.ModelInferRequest) -> tuple[set[str], tuple[s
     return wanted, None
 
 
+def output_names(names: list[str]) -> set[str]:
+    """The outputs to return, by name (none named = all), each checked; ``embeddings``
+    must be among them."""
+    for name in names:
+        if name not in _OUTPUTS:
+            raise InvalidArgument(f"output {quote(name)} is not an output of this model "
+                                  f"(outputs: {', '.join(_OUTPUTS)})")
+    wanted = set(names) if names else set(_OUTPUTS)
+    if "embeddings" not in wanted:
+        raise InvalidArgument("outputs must include 'embeddings'")
+    return wanted
+
+
 def output_dtype(request: oip.ModelInferRequest, params: dict[str, Any]) -> int:
     """The embeddings' datatype: the output's ``datatype`` parameter, else the request's,
     else FP32."""
@@ -106,6 +143,11 @@ def output_dtype(request: oip.ModelInferRequest, params: dict[str, Any]) -> int:
     for o in request.outputs:
         if o.name == "embeddings" and "datatype" in o.parameters:
             value = _value(o.parameters["datatype"])
+    return datatype(value)
+
+
+def datatype(value: Any) -> int:
+    """A ``datatype`` parameter's value (None = FP32) as the wire dtype enum."""
     if value is None:
         return pb.DTYPE_FLOAT32
     if not isinstance(value, str) or value.upper() not in _DTYPE_OF:
@@ -116,17 +158,22 @@ def output_dtype(request: oip.ModelInferRequest, params: dict[str, Any]) -> int:
 
 
 def read_input(request: oip.ModelInferRequest, start_position: int) -> Inputs:
-    """The sequences of the one input tensor, ``input_ids`` [B, T] or ``text`` [B].
+    """The sequences of the one input tensor, ``input_ids`` [B, T] or ``text`` [B]."""
+    if len(request.inputs) != 1:
+        names = ", ".join(quote(t.name, 32) for t in request.inputs[:4])
+        raise InvalidArgument(f"{len(request.inputs)} input tensors [{names}]: {ONE_INPUT}")
+    tensor = request.inputs[0]
+    raw = request.raw_input_contents[0] if request.raw_input_contents else None
+    return read_tensor(tensor, raw, start_position)
+
+
+def read_tensor(tensor: Any, raw: bytes | None, start_position: int) -> Inputs:
+    """The sequences of one input tensor: anything with the message's ``name``,
+    ``datatype`` and ``shape`` (and ``contents`` when ``raw`` is None).
 
     The declared shape is checked against the contents here, in O(1); the sequences are
     built only when admission reads them, after it has checked B against its limit.
     """
-    if len(request.inputs) != 1:
-        names = ", ".join(quote(t.name, 32) for t in request.inputs[:4])
-        raise InvalidArgument(f"{len(request.inputs)} input tensors [{names}]: give exactly "
-                              f"one of 'input_ids' [B, T] (INT64/INT32) or 'text' [B] (BYTES)")
-    tensor = request.inputs[0]
-    raw = request.raw_input_contents[0] if request.raw_input_contents else None
     if tensor.name == "input_ids":
         return _ids(tensor, raw, start_position)
     if tensor.name == "text":
@@ -226,3 +273,14 @@ def _split_bytes(raw: bytes, count: int) -> list[bytes]:
         if len(items) > count:
             break
     return items
+
+
+def model_parameters(params: Any, m: Manifest) -> None:
+    """ModelMetadata's ``parameters`` (an extension field): family, rules, tokenizer and
+    the default compose's width, as the native ModelInfo states them."""
+    tok = m.tokenizer
+    params["family"].string_param = m.family
+    params["rules"].string_param = m.rules.describe()
+    params["tokenizer"].string_param = ("none (ids-only)" if tok is None
+                                        else f"{tok.kind}:{tok.file}")
+    params["hidden_size"].int64_param = m.width

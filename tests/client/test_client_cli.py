@@ -101,7 +101,9 @@ def test_tokenize_detokenize_models_info(server: ServerHandle, tiny_checkpoint: 
                         "vocab_size 50257  table_rows 50304  dim 16  max_seq_len 64  "
                         "position learned",
                         "storage_dtype float32  device cpu"]
-    assert info[6] == "row_updates: 49257 untrained rows"
+    assert info[4].startswith("tokenizer tiktoken gpt2  tokenizer.tiktoken  sha256 ")
+    assert info[5] == "family -  rules none  hidden_size 16"
+    assert info[7] == "row_updates: 49257 untrained rows"
 
 
 def test_error_is_one_line_on_stderr_with_exit_1(server: ServerHandle) -> None:

@@ -100,8 +100,8 @@ def test_embed_request_rejects_bad_arguments() -> None:
     with pytest.raises(TypeError) as type_info:
         embed_request("a", dtyp="float16")  # type: ignore[call-arg]
     assert str(type_info.value) == (
-        "unknown option(s) dtyp; expected some of allow_special_tokens, compose, dtype, model, "
-        "request_id, start_position, truncate, version")
+        "unknown option(s) dtyp; expected some of add_special_tokens, allow_special_tokens, "
+        "compose, dtype, model, request_id, start_position, truncate, version")
     with pytest.raises(TypeError, match=r"unknown option\(s\) start_position;"):
         batch_request(["a"], 0, start_position=3)  # type: ignore[call-arg]
 

@@ -72,7 +72,7 @@ def test_dashboard_layout() -> None:
     panels = dash["panels"]
     assert [p["id"] for p in panels] == list(range(1, len(panels) + 1))
     graphs = [p for p in panels if p["type"] != "row"]
-    assert len(graphs) == 13
+    assert len(graphs) == 15
     cells: set[tuple[int, int]] = set()
     for p in panels:
         pos = p["gridPos"]
@@ -88,7 +88,11 @@ def test_dashboard_layout() -> None:
         assert [t["refId"] for t in p["targets"]] == [chr(65 + i) for i in range(len(p["targets"]))]
         for t in p["targets"]:
             assert t["datasource"] == DATASOURCE
-    assert len(_queries(dash)) == 21
+    assert len(_queries(dash)) == 24
+    # The REST front's row: its requests are the rpc="http/<endpoint>" series.
+    http = [p for p in graphs if p["title"].startswith("HTTP")]
+    assert len(http) == 2
+    assert all('rpc=~"http/.*"' in t["expr"] for p in http for t in p["targets"])
 
 
 def test_dashboard_covers_every_exported_family() -> None:

@@ -77,8 +77,9 @@ def test_config_parses_with_the_servers_parser(overlay: str,
     config = parse_config([], environ=data)
     server = _server(objs)
     ports = {p["name"]: p["containerPort"] for p in server["ports"]}
-    assert ports == {"grpc": 50051, "metrics": 9464}
+    assert ports == {"grpc": 50051, "metrics": 9464, "http": 8000}
     assert (config.host, config.grpc_port, config.metrics_port) == ("0.0.0.0", 50051, 9464)
+    assert config.http_port == 8000
     mounts = {m["name"]: m for m in server["volumeMounts"]}
     assert config.model_repository == Path(mounts["models"]["mountPath"]) == Path("/models")
     assert mounts["models"]["readOnly"] is True
@@ -126,7 +127,7 @@ def test_services_pdb_hpa_select_the_pods(overlay: str, manifests: dict[str, Obj
     labels = _pod(objs)["metadata"]["labels"]
     svc = objs[("Service", NAME)]["spec"]
     assert [(p["name"], p["port"], p.get("appProtocol")) for p in svc["ports"]] == [
-        ("grpc", 50051, "grpc"), ("metrics", 9464, "http")]
+        ("grpc", 50051, "grpc"), ("metrics", 9464, "http"), ("http", 8000, "http")]
     headless = objs[("Service", f"{NAME}-headless")]["spec"]
     assert headless["clusterIP"] == "None"
     for selector in (svc["selector"], headless["selector"],
@@ -199,7 +200,8 @@ def _port_numbers(container: dict[str, Any]) -> dict[str, int]:
 
 
 def test_network_policy(manifests: dict[str, Objects]) -> None:
-    """gRPC only from labelled client namespaces, metrics only from Prometheus, no egress."""
+    """gRPC and REST only from labelled client namespaces, metrics only from Prometheus, no
+    egress."""
     objs = manifests["cpu-network-policy"]
     spec = objs[("NetworkPolicy", NAME)]["spec"]
     assert spec["podSelector"]["matchLabels"].items() <= _pod(objs)["metadata"]["labels"].items()
@@ -208,7 +210,7 @@ def test_network_policy(manifests: dict[str, Objects]) -> None:
     grpc_rule, metrics_rule = spec["ingress"]
     assert grpc_rule == {
         "from": [{"namespaceSelector": {"matchLabels": {"embedding-client": "true"}}}],
-        "ports": [{"port": "grpc", "protocol": "TCP"}]}
+        "ports": [{"port": "grpc", "protocol": "TCP"}, {"port": "http", "protocol": "TCP"}]}
     # One peer holding both selectors (AND), not two peers (OR).
     assert metrics_rule == {
         "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name":
@@ -217,7 +219,7 @@ def test_network_policy(manifests: dict[str, Objects]) -> None:
         "ports": [{"port": "metrics", "protocol": "TCP"}]}
     # The named ports are the server's real ports.
     ports = _port_numbers(_server(objs))
-    assert (ports["grpc"], ports["metrics"]) == (50051, 9464)
+    assert (ports["grpc"], ports["metrics"], ports["http"]) == (50051, 9464, 8000)
     # The label the docs tell users to set is the one the policy selects on.
     assert "kubectl label namespace <clients-ns> embedding-client=true" in (
         REPO / "docs" / "deploy.md").read_text()

@@ -88,16 +88,19 @@ def _copy(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _runtime_container(objects: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
-    (container,) = objects[("ServingRuntime", "embedding-service-grpc")]["spec"]["containers"]
+def _runtime_container(objects: dict[tuple[str, str], dict[str, Any]],
+                       name: str = "embedding-service-grpc") -> dict[str, Any]:
+    (container,) = objects[("ServingRuntime", name)]["spec"]["containers"]
     return container
 
 
-def test_recipe_renders_exactly_its_three_objects(
+def test_recipe_renders_exactly_its_five_objects(
         objects: dict[tuple[str, str], dict[str, Any]]) -> None:
     assert sorted(objects) == [("InferenceGraph", "embedding-pipeline"),
                                ("InferenceService", "embedding-service"),
-                               ("ServingRuntime", "embedding-service-grpc")]
+                               ("InferenceService", "embedding-service-http"),
+                               ("ServingRuntime", "embedding-service-grpc"),
+                               ("ServingRuntime", "embedding-service-http")]
     assert {o["apiVersion"] for o in objects.values()} == {"serving.kserve.io/v1beta1",
                                                            "serving.kserve.io/v1alpha1"}
 
@@ -107,7 +110,9 @@ def test_every_object_passes_the_closed_schema(
     assert validate(list(objects.values())) == {
         "InferenceGraph/embedding-pipeline": [],
         "InferenceService/embedding-service": [],
-        "ServingRuntime/embedding-service-grpc": []}
+        "InferenceService/embedding-service-http": [],
+        "ServingRuntime/embedding-service-grpc": [],
+        "ServingRuntime/embedding-service-http": []}
 
 
 @pytest.mark.parametrize(("kind", "name", "mutate", "errors"), [
@@ -173,7 +178,23 @@ def test_container_args_are_the_services_flags_and_match_the_h2c_port(
                                    "protocol": "TCP"}]
 
 
-def test_inference_service_uses_the_runtime_over_grpc_v2(
+def test_http_runtime_args_match_its_http1_port(
+        objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """The REST runtime: the same flags, and Knative's routed "http1" port is --http-port."""
+    container = _runtime_container(objects, "embedding-service-http")
+    assert container["name"] == "kserve-container"
+    config = parse_config(container["args"], environ={})
+    assert (config.http_port, config.grpc_port) == (8080, 8081)
+    assert str(config.model_repository) == "/mnt/models"
+    assert (config.host, config.default_model) == ("0.0.0.0", "gpt2")
+    assert container["ports"] == [{"name": "http1", "containerPort": config.http_port,
+                                   "protocol": "TCP"}]
+    grpc_container = _runtime_container(objects)
+    assert {k: v for k, v in container.items() if k not in ("args", "ports")} == {
+        k: v for k, v in grpc_container.items() if k not in ("args", "ports")}
+
+
+def test_inference_services_use_their_runtimes_over_grpc_v2_and_v2(
         objects: dict[tuple[str, str], dict[str, Any]]) -> None:
     runtime = objects[("ServingRuntime", "embedding-service-grpc")]["spec"]
     model = objects[("InferenceService", "embedding-service")]["spec"]["predictor"]["model"]
@@ -184,6 +205,16 @@ def test_inference_service_uses_the_runtime_over_grpc_v2(
     # The claim deploy/k8s/base/pvc.yaml creates (and the training job writes to).
     pvc = yaml.safe_load((DEPLOY / "k8s" / "base" / "pvc.yaml").read_text())
     assert model["storageUri"] == f"pvc://{pvc['metadata']['name']}/"
+    http_runtime = objects[("ServingRuntime", "embedding-service-http")]["spec"]
+    http_model = objects[("InferenceService", "embedding-service-http")]["spec"]["predictor"][
+        "model"]
+    assert (http_model["runtime"], http_model["protocolVersion"]) == (
+        "embedding-service-http", "v2")
+    assert http_runtime["protocolVersions"] == ["v2"]
+    assert http_model["storageUri"] == model["storageUri"]
+    # Only one runtime is picked automatically for the model format.
+    assert [f["autoSelect"] for f in runtime["supportedModelFormats"]
+            + http_runtime["supportedModelFormats"]] == [True, False]
 
 
 def test_graph_is_a_sequence_from_the_embedding_service_to_the_placeholder(
@@ -192,12 +223,13 @@ def test_graph_is_a_sequence_from_the_embedding_service_to_the_placeholder(
     assert list(nodes) == ["root"]
     assert nodes["root"]["routerType"] == "Sequence"
     assert nodes["root"]["steps"] == [
-        {"name": "embed", "serviceName": "embedding-service", "dependency": "Hard"},
+        {"name": "embed", "serviceName": "embedding-service-http", "dependency": "Hard"},
         {"name": "transform", "serviceName": "my-downstream-transformer", "data": "$response",
          "dependency": "Hard"}]
-    # Step 1 names an InferenceService of this recipe; step 2 is the user's own, and the
-    # recipe must not pretend to provide it.
-    assert ("InferenceService", "embedding-service") in objects
+    # Step 1 names the REST InferenceService of this recipe (the router speaks HTTP only);
+    # step 2 is the user's own, and the recipe must not pretend to provide it.
+    isvc = objects[("InferenceService", "embedding-service-http")]
+    assert isvc["spec"]["predictor"]["model"]["protocolVersion"] == "v2"
     assert ("InferenceService", "my-downstream-transformer") not in objects
 
 
@@ -215,7 +247,7 @@ def test_documented_grpc_request_is_accepted_by_the_oip_face() -> None:
     assert request.model_name == "gpt2"
     assert request_parameters(request) == {
         "start_position": 7, "compose": pb.COMPOSE_TOKEN_ONLY, "truncate": pb.TRUNCATE_NONE,
-        "allow_special_tokens": False, "datatype": "FP32"}
+        "allow_special_tokens": False, "add_special_tokens": None, "datatype": "FP32"}
     (seq,) = read_input(request, 7)
     assert [int(i) for i in seq.ids] == [464, 3797, 11114, 284, 262]
     assert seq.start_position == 7

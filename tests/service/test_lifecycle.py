@@ -166,7 +166,8 @@ def server_process(repo: Path, *flags: str, serving_lines: int = 1
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "service", "--model-repository", str(repo), "--grpc-port",
-         str(port), "--metrics-port", "-1", "--default-model", "tiny", *flags],
+         str(port), "--http-port", "0", "--metrics-port", "-1", "--default-model", "tiny",
+         *flags],
         cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert proc.stderr is not None

@@ -76,8 +76,8 @@ def worker_pids(parent: int) -> set[int]:
 def workers_server(repo: Path, *flags: str) -> Iterator[tuple[_Server, str]]:
     port = _free_port()
     server = _Server([sys.executable, "-m", "service", "--model-repository", str(repo),
-                      "--grpc-port", str(port), "--metrics-port", "-1", "--default-model",
-                      "tiny", "--poll-seconds", "0", *flags])
+                      "--grpc-port", str(port), "--http-port", "-1", "--metrics-port", "-1",
+                      "--default-model", "tiny", "--poll-seconds", "0", *flags])
     try:
         yield server, f"127.0.0.1:{port}"
     finally:
@@ -137,7 +137,8 @@ def test_crash_loop_stops_the_server(tiny_repo: Path, tmp_path: Path) -> None:
     t0 = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-c", code, "--model-repository", str(tiny_repo), "--grpc-port",
-         str(port), "--metrics-port", "-1", "--workers", "1", "--tls-cert", missing,
+         str(port), "--http-port", "-1", "--metrics-port", "-1", "--workers", "1",
+         "--tls-cert", missing,
          "--tls-key", missing], cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 1, result.stderr[-3000:]

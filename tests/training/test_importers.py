@@ -67,7 +67,8 @@ def test_hf_gpt2_tables_bit_exact(gpt2_model: tuple[Path, Any], tmp_path: Path,
     assert m.tokenizer.encoding == "gpt2"
     assert m.tokenizer.sha256 == _sha256(default_ranks_path())
     prov = m.provenance
-    assert prov["source"] == "hf-gpt2"
+    assert prov["source"] == "hf"
+    assert m.family == "gpt2"
     assert prov["hf_config"]["n_embd"] == 8
     assert prov["source_files"] == {"config.json": _sha256(src / "config.json"),
                                     "model.safetensors": _sha256(src / "model.safetensors")}

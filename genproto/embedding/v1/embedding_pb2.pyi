@@ -63,7 +63,7 @@ class Timing(_message.Message):
     def __init__(self, queue_ns: _Optional[int] = ..., tokenize_ns: _Optional[int] = ..., compute_ns: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("model", "version", "text", "token_ids", "start_position", "compose", "dtype", "truncate", "allow_special_tokens", "request_id", "output")
+    __slots__ = ("model", "version", "text", "token_ids", "start_position", "compose", "dtype", "truncate", "allow_special_tokens", "request_id", "output", "add_special_tokens")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class EmbedRequest(_message.Message):
     ALLOW_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     text: str
@@ -86,7 +87,8 @@ class EmbedRequest(_message.Message):
     allow_special_tokens: bool
     request_id: str
     output: SharedMemoryOutput
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., start_position: _Optional[int] = ..., compose: _Optional[_Union[Compose, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., truncate: _Optional[_Union[Truncate, str]] = ..., allow_special_tokens: _Optional[bool] = ..., request_id: _Optional[str] = ..., output: _Optional[_Union[SharedMemoryOutput, _Mapping]] = ...) -> None: ...
+    add_special_tokens: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., start_position: _Optional[int] = ..., compose: _Optional[_Union[Compose, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., truncate: _Optional[_Union[Truncate, str]] = ..., allow_special_tokens: _Optional[bool] = ..., request_id: _Optional[str] = ..., output: _Optional[_Union[SharedMemoryOutput, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "token_ids", "start_position", "model", "version", "checkpoint_id", "truncated_tokens", "untrained_token_indices", "timing", "request_id", "output")
@@ -125,7 +127,7 @@ class EmbedInput(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., start_position: _Optional[int] = ...) -> None: ...
 
 class EmbedBatchRequest(_message.Message):
-    __slots__ = ("model", "version", "inputs", "compose", "dtype", "truncate", "allow_special_tokens", "request_id", "output")
+    __slots__ = ("model", "version", "inputs", "compose", "dtype", "truncate", "allow_special_tokens", "request_id", "output", "add_special_tokens")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +137,7 @@ class EmbedBatchRequest(_message.Message):
     ALLOW_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     inputs: _containers.RepeatedCompositeFieldContainer[EmbedInput]
@@ -144,7 +147,8 @@ class EmbedBatchRequest(_message.Message):
     allow_special_tokens: bool
     request_id: str
     output: SharedMemoryOutput
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., compose: _Optional[_Union[Compose, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., truncate: _Optional[_Union[Truncate, str]] = ..., allow_special_tokens: _Optional[bool] = ..., request_id: _Optional[str] = ..., output: _Optional[_Union[SharedMemoryOutput, _Mapping]] = ...) -> None: ...
+    add_special_tokens: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ..., compose: _Optional[_Union[Compose, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., truncate: _Optional[_Union[Truncate, str]] = ..., allow_special_tokens: _Optional[bool] = ..., request_id: _Optional[str] = ..., output: _Optional[_Union[SharedMemoryOutput, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class BatchItem(_message.Message):
     __slots__ = ("token_ids", "start_position", "truncated_tokens", "untrained_token_indices")
@@ -243,7 +247,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
-    __slots__ = ("encoding", "file", "sha256", "special_tokens")
+    __slots__ = ("encoding", "file", "sha256", "special_tokens", "kind")
     class SpecialTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -255,14 +259,16 @@ class TokenizerInfo(_message.Message):
     FILE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     encoding: str
     file: str
     sha256: str
     special_tokens: _containers.ScalarMap[str, int]
-    def __init__(self, encoding: _Optional[str] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ..., special_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    kind: str
+    def __init__(self, encoding: _Optional[str] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ..., special_tokens: _Optional[_Mapping[str, int]] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "version", "checkpoint_id", "vocab_size", "table_rows", "dim", "max_seq_len", "position", "storage_dtype", "device", "tokenizer", "is_default", "max_tokens_per_request", "max_text_bytes", "max_message_bytes", "provenance_json", "has_row_updates", "untrained_rows")
+    __slots__ = ("model", "version", "checkpoint_id", "vocab_size", "table_rows", "dim", "max_seq_len", "position", "storage_dtype", "device", "tokenizer", "is_default", "max_tokens_per_request", "max_text_bytes", "max_message_bytes", "provenance_json", "has_row_updates", "untrained_rows", "family", "rules", "hidden_size", "has_tokenizer")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +287,10 @@ class ModelInfo(_message.Message):
     PROVENANCE_JSON_FIELD_NUMBER: _ClassVar[int]
     HAS_ROW_UPDATES_FIELD_NUMBER: _ClassVar[int]
     UNTRAINED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HAS_TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     checkpoint_id: str
@@ -299,7 +309,11 @@ class ModelInfo(_message.Message):
     provenance_json: str
     has_row_updates: bool
     untrained_rows: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., table_rows: _Optional[int] = ..., dim: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., position: _Optional[str] = ..., storage_dtype: _Optional[str] = ..., device: _Optional[str] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., is_default: _Optional[bool] = ..., max_tokens_per_request: _Optional[int] = ..., max_text_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., provenance_json: _Optional[str] = ..., has_row_updates: _Optional[bool] = ..., untrained_rows: _Optional[int] = ...) -> None: ...
+    family: str
+    rules: str
+    hidden_size: int
+    has_tokenizer: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., table_rows: _Optional[int] = ..., dim: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., position: _Optional[str] = ..., storage_dtype: _Optional[str] = ..., device: _Optional[str] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., is_default: _Optional[bool] = ..., max_tokens_per_request: _Optional[int] = ..., max_text_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., provenance_json: _Optional[str] = ..., has_row_updates: _Optional[bool] = ..., untrained_rows: _Optional[int] = ..., family: _Optional[str] = ..., rules: _Optional[str] = ..., hidden_size: _Optional[int] = ..., has_tokenizer: _Optional[bool] = ...) -> None: ...
 
 class SharedMemoryOutput(_message.Message):
     __slots__ = ("region", "offset")

@@ -63,7 +63,7 @@ class ModelMetadataRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class ModelMetadataResponse(_message.Message):
-    __slots__ = ("name", "versions", "platform", "inputs", "outputs")
+    __slots__ = ("name", "versions", "platform", "inputs", "outputs", "parameters")
     class TensorMetadata(_message.Message):
         __slots__ = ("name", "datatype", "shape")
         NAME_FIELD_NUMBER: _ClassVar[int]
@@ -73,17 +73,26 @@ class ModelMetadataResponse(_message.Message):
         datatype: str
         shape: _containers.RepeatedScalarFieldContainer[int]
         def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: InferParameter
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[InferParameter, _Mapping]] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     versions: _containers.RepeatedScalarFieldContainer[str]
     platform: str
     inputs: _containers.RepeatedCompositeFieldContainer[ModelMetadataResponse.TensorMetadata]
     outputs: _containers.RepeatedCompositeFieldContainer[ModelMetadataResponse.TensorMetadata]
-    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., platform: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[ModelMetadataResponse.TensorMetadata, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ModelMetadataResponse.TensorMetadata, _Mapping]]] = ...) -> None: ...
+    parameters: _containers.MessageMap[str, InferParameter]
+    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., platform: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[ModelMetadataResponse.TensorMetadata, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ModelMetadataResponse.TensorMetadata, _Mapping]]] = ..., parameters: _Optional[_Mapping[str, InferParameter]] = ...) -> None: ...
 
 class InferParameter(_message.Message):
     __slots__ = ("bool_param", "int64_param", "string_param", "double_param", "uint64_param")

@@ -110,8 +110,8 @@ ERRORS = [
     ({"ids": [[1]], "parameters": {"datatype": "FP64"}}, "INVALID_ARGUMENT",
      "datatype='FP64' of output 'embeddings' must be one of ['BF16', 'FP16', 'FP32']"),
     ({"ids": [[1]], "parameters": {"start_positon": 1}}, "INVALID_ARGUMENT",
-     "parameters ['start_positon'] are not known; this model takes ['allow_special_tokens', "
-     "'compose', 'datatype', 'start_position', 'truncate']"),
+     "parameters ['start_positon'] are not known; this model takes ['add_special_tokens', "
+     "'allow_special_tokens', 'compose', 'datatype', 'start_position', 'truncate']"),
     ({"ids": [[1]], "outputs": ["logits"]}, "INVALID_ARGUMENT",
      "output 'logits' is not an output of this model (outputs: embeddings, sequence_lengths)"),
     ({"texts": [{"hex": "ff61"}]}, "INVALID_ARGUMENT", "input 'text'[0] is not valid UTF-8 "

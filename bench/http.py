@@ -1,0 +1,277 @@
+"""The HTTP front against an HTTP ceiling on the same library, in one run.
+
+    .venv/bin/python -m bench.http [--seconds 2] [--rounds 3] [--out bench/results]
+
+Rows: POST /v2/models/<m>/infer with binary output, T ∈ {16, 1024}, FP32/BF16, c ∈ {1,
+16} concurrent requests (C = 768, GPT-2's width), each beside the ceiling: an aiohttp
+low-level server (the library the front uses) in its own process that reads the request
+body and answers with the service's own response bytes for that cell, captured once
+before the run (same size, same headers), so the ratio is what the service adds over
+HTTP itself. The JSON-output path (FP32; FP16/BF16 do not travel as JSON) runs beside it
+so the cost of JSON numbers is visible. Client: aiohttp with keep-alive connections, in
+this process; service and ceiling each run in their own process with the entrypoint's
+``GLIBC_TUNABLES``. Per cell: rounds of ``--seconds`` each, in turn (service, ceiling),
+after a warm-up; the table gives the median over rounds of each round's throughput and
+median latency, and the median of the rounds' service ÷ ceiling throughput (paired per
+round). Writes ``<out>/http.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+__all__ = ["Cell", "main", "run_ceiling"]
+
+C, MAX_SEQ_LEN, MODEL = 768, 1024, "bench"
+TUNABLES = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=536870912"
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured configuration."""
+
+    T: int
+    datatype: str  # FP32 | BF16
+    c: int  # requests in flight
+    output: str  # binary | json
+
+    @property
+    def name(self) -> str:
+        """A file-safe key."""
+        return f"T{self.T}-{self.datatype}-c{self.c}-{self.output}"
+
+
+def cells() -> list[Cell]:
+    """Binary rows for every T, dtype and concurrency; JSON rows for FP32."""
+    out = [Cell(T, dt, c, "binary") for T in (16, 1024) for dt in ("FP32", "BF16")
+           for c in (1, 16)]
+    return out + [Cell(T, "FP32", c, "json") for T in (16, 1024) for c in (1, 16)]
+
+
+def request_body(cell: Cell) -> bytes:
+    """The infer request of a cell: T ids as JSON, the output binary or JSON."""
+    ids = [(i * 7919) % 50257 for i in range(cell.T)]
+    return json.dumps({
+        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, cell.T],
+                    "data": ids}],
+        "parameters": {"datatype": cell.datatype},
+        "outputs": [{"name": "embeddings",
+                     "parameters": {"binary_data": cell.output == "binary"}}]}).encode()
+
+
+# -- the ceiling: the same library, pre-built responses ------------------------------------
+
+def run_ceiling(port: int, responses: Path) -> None:
+    """Serve each captured response at /<cell name> on ``port`` until killed."""
+    prebuilt: dict[str, tuple[bytes, dict[str, str]]] = {}
+    for meta in responses.glob("*.json"):
+        headers = json.loads(meta.read_text())
+        prebuilt["/" + meta.stem] = (meta.with_suffix(".bin").read_bytes(), headers)
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()  # the request is read, as the service reads it
+        body, headers = prebuilt[request.path]
+        return web.Response(body=body, headers=headers)
+
+    async def serve() -> None:
+        server = web.Server(handle, access_log=None)
+        await asyncio.get_running_loop().create_server(server, "127.0.0.1", port)
+        print("ceiling ready", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+# -- load ---------------------------------------------------------------------------------
+
+def _cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _load(url: str, body: bytes, c: int, seconds: float,
+                pid: int) -> tuple[float, float, float]:
+    """Requests per second, median latency (ms) and the server's CPU ms per request of
+    ``c`` clients for ``seconds``."""
+    latencies: list[float] = []
+    connector = aiohttp.TCPConnector(limit=c)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one() -> float:
+            t0 = time.perf_counter()
+            async with session.post(url, data=body) as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"{url}: HTTP {response.status}")
+            return time.perf_counter() - t0
+
+        async def worker(end: float) -> None:
+            while time.perf_counter() < end:
+                latencies.append(await one())
+
+        warm = time.perf_counter() + min(0.5, seconds / 3)
+        await asyncio.gather(*(worker(warm) for _ in range(c)))
+        latencies.clear()
+        cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
+        await asyncio.gather(*(worker(t0 + seconds) for _ in range(c)))
+        elapsed, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
+    n = len(latencies)
+    return n / elapsed, statistics.median(latencies) * 1e3, cpu / n * 1e3
+
+
+# -- processes ----------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn(args: list[str], ready: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "GLIBC_TUNABLES": TUNABLES, "PYTHONPATH": str(_ROOT)}
+    proc = subprocess.Popen([sys.executable, *args], cwd=_ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if ready in line:
+            return proc
+    raise RuntimeError(f"{args[:3]} exited before '{ready}' (status {proc.wait()})")
+
+
+def _model(repo: Path) -> None:
+    import torch
+
+    from service.format.checkpoint import write_checkpoint
+    from service.format.tokenizer import default_ranks_path, gpt2_spec
+
+    g = torch.Generator().manual_seed(0)
+    write_checkpoint(repo / MODEL / "1", token_table=torch.randn(50257, C, generator=g),
+                     position_table=torch.randn(MAX_SEQ_LEN, C, generator=g),
+                     position="learned", max_seq_len=MAX_SEQ_LEN, vocab_size=50257,
+                     tokenizer_spec=gpt2_spec(), tokenizer_ranks=default_ranks_path(),
+                     provenance={"source": "bench.http"})
+
+
+def _capture(port: int, todo: list[Cell], into: Path) -> None:
+    """One real response per cell, saved for the ceiling to answer with."""
+    import http.client
+
+    for cell in todo:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", f"/v2/models/{MODEL}/infer", body=request_body(cell))
+        response = conn.getresponse()
+        data = response.read()
+        assert response.status == 200, data[:200]
+        keep = ("Content-Type", "Inference-Header-Content-Length")
+        headers = {k: v for k, v in response.getheaders() if k in keep}
+        (into / f"{cell.name}.bin").write_bytes(data)
+        (into / f"{cell.name}.json").write_text(json.dumps(headers))
+        conn.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run every cell, print the table, write the JSON."""
+    p = argparse.ArgumentParser(prog="python -m bench.http", description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=2.0, help="per round and side")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    p.add_argument("--only", default="", help="cells whose name contains this")
+    p.add_argument("--server-args", default="", help="more flags for the service, e.g. "
+                   "'--max-batch-tokens 4096'")
+    p.add_argument("--ceiling-server", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--responses", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.ceiling_server is not None:
+        run_ceiling(args.ceiling_server, args.responses)
+        return
+    todo = [cell for cell in cells() if args.only in cell.name]
+    with tempfile.TemporaryDirectory(prefix="bench-http-") as tmp:
+        root = Path(tmp)
+        _model(root / "models")
+        (root / "responses").mkdir()
+        port, ceiling_port = _free_port(), _free_port()
+        service = _spawn(["-m", "service", "--model-repository", str(root / "models"),
+                          "--host", "127.0.0.1", "--grpc-port", str(_free_port()),
+                          "--http-port", str(port), "--metrics-port", "-1", "--device",
+                          "cpu", "--poll-seconds", "0", "--no-ui", *args.server_args.split()],
+                         " serving ")
+        ceiling = None
+        try:
+            _capture(port, todo, root / "responses")
+            ceiling = _spawn(["-m", "bench.http", "--ceiling-server", str(ceiling_port),
+                              "--responses", str(root / "responses")], "ceiling ready")
+            rows = asyncio.run(_measure(todo, (port, service.pid),
+                                        (ceiling_port, ceiling.pid), args.seconds,
+                                        args.rounds))
+        finally:
+            for proc in (service, ceiling):
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(30)
+    _report(rows, args)
+
+
+async def _measure(todo: list[Cell], service: tuple[int, int], ceiling: tuple[int, int],
+                   seconds: float, rounds: int) -> list[dict[str, Any]]:
+    rows = []
+    for cell in todo:
+        body = request_body(cell)
+        service_url = f"http://127.0.0.1:{service[0]}/v2/models/{MODEL}/infer"
+        ceiling_url = f"http://127.0.0.1:{ceiling[0]}/{cell.name}"
+        svc: list[tuple[float, float, float]] = []
+        top: list[tuple[float, float, float]] = []
+        for _ in range(rounds):  # interleaved: drift on a shared machine hits both sides
+            svc.append(await _load(service_url, body, cell.c, seconds, service[1]))
+            top.append(await _load(ceiling_url, body, cell.c, seconds, ceiling[1]))
+        rps = statistics.median(r[0] for r in svc)
+        ceiling_rps = statistics.median(r[0] for r in top)
+        # Paired per round, then the median: a round's load hits both of its sides.
+        ratio = statistics.median(s[0] / t[0] for s, t in zip(svc, top))
+        rows.append({**asdict(cell), "rps": rps, "p50_ms": statistics.median(r[1] for r in svc),
+                     "cpu_ms": statistics.median(r[2] for r in svc),
+                     "ceiling_rps": ceiling_rps,
+                     "ceiling_p50_ms": statistics.median(r[1] for r in top),
+                     "ceiling_cpu_ms": statistics.median(r[2] for r in top),
+                     "ratio": ratio, "rounds_rps": [r[0] for r in svc],
+                     "rounds_ceiling_rps": [r[0] for r in top]})
+        print(f"  {cell.name}: {rps:.0f} req/s vs ceiling {ceiling_rps:.0f} ({ratio:.2f})",
+              flush=True)
+    return rows
+
+
+def _report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"\nHTTP front vs HTTP ceiling (aiohttp), C={C}, median of {args.rounds} rounds of "
+          f"{args.seconds:g} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print("(cpu ms: the server process's CPU per request, every thread)")
+    print(f"{'output':7} {'T':>5} {'dtype':5} {'c':>3} | {'req/s':>8} {'p50 ms':>8} "
+          f"{'cpu ms':>7} | {'ceiling':>8} {'p50 ms':>8} {'cpu ms':>7} | {'ratio':>5}")
+    for r in rows:
+        print(f"{r['output']:7} {r['T']:>5} {r['datatype']:5} {r['c']:>3} | {r['rps']:>8.0f} "
+              f"{r['p50_ms']:>8.2f} {r['cpu_ms']:>7.2f} | {r['ceiling_rps']:>8.0f} "
+              f"{r['ceiling_p50_ms']:>8.2f} {r['ceiling_cpu_ms']:>7.2f} | {r['ratio']:>5.2f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / "http.json"
+    out.write_text(json.dumps({"C": C, "seconds": args.seconds, "rounds": args.rounds,
+                               "loadavg": os.getloadavg(), "cpus": os.cpu_count(),
+                               "rows": rows}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

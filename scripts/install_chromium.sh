@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Make a headless browser and curl available for tests/http (the page in a real browser,
+# the curl commands of docs/interop.md). Debian's chromium + chromium-driver: Selenium is
+# pointed at /usr/bin/chromium and /usr/bin/chromedriver and never downloads a browser.
+# Idempotent and quiet: does nothing when all three are there. Needs root for apt.
+set -euo pipefail
+if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && command -v curl >/dev/null 2>&1; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install_chromium: chromium/chromedriver/curl missing and not root; run: sudo $0" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+if ! { apt-get update -qq &&
+       apt-get install -y -qq --no-install-recommends chromium chromium-driver curl; } \
+    >"$log" 2>&1; then
+  cat "$log" >&2
+  exit 1
+fi
+echo "install_chromium: $(/usr/bin/chromium --version 2>/dev/null | head -n 1)"

@@ -1,0 +1,344 @@
+"""The REST form of the Open Inference Protocol (KServe v2 / Triton HTTP), and the page.
+
+A third front on the same engine as the native and OIP gRPC fronts, in the same process
+and on the same event loop: the same admission, batcher, limits and status table. Every
+``/v2`` route runs inside ``Frame.run`` (auth, draining, metrics, error→status), applied
+once where the route table is registered (``HttpFront._dispatch``), never per handler;
+``Refused.code`` becomes the HTTP status in ``errors.http_status_for`` and the body is
+``{"error": "<message>"}``. Open without credentials, like gRPC health and reflection:
+only the page's static files (they hold no data; the page's own calls carry the token).
+
+Why aiohttp's low-level server (``aiohttp.web.Server``): it runs on the asyncio loop the
+gRPC server already uses (so a request is admitted and batched on the loop that batches
+gRPC requests, with no thread hop), parses with llhttp in C, writes a ``bytes`` body
+without copying it in Python, and takes an ``ssl.SSLContext`` for TLS/mTLS. No
+``web.Application``: the route table here is eight patterns, and its router, middleware
+chain and signals would be work per request for nothing. uvicorn (httptools) would need
+an ASGI layer and its own server lifecycle beside gRPC's; measured figures against a
+ceiling on this same library are in ``bench/http.py``.
+
+Deadline: the ``grpc-timeout`` header, in gRPC's own syntax (``200m`` = 200 ms; units
+H M S m u n), as grpc-gateway reads it from HTTP requests. Request bodies larger than
+``--max-message-bytes`` are refused with 413 from their ``Content-Length`` before a byte
+is read (a chunked body is read only up to the limit).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from importlib import metadata, resources
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from service import tracing
+from service.engine.engine import Engine, RowSlice
+from service.errors import EmbedError, InvalidArgument, RequestTooLarge, http_status_for
+from service.rpc.frame import Call, Frame, Refused
+from service.rpc.http_tensors import EXTENSIONS, parse_infer, plan_response
+from service.rpc.oip_tensors import model_version
+
+__all__ = ["HttpFront", "server_ssl_context"]
+
+_JSON = "application/json"
+_BINARY = "application/octet-stream"
+_HEADER_LENGTH = "Inference-Header-Content-Length"
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_PAGE_FILES = {"index.html": "text/html", "page.js": "text/javascript", "page.css": "text/css"}
+_MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+Handler = Callable[[web.BaseRequest, dict[str, str], Call], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One endpoint: method, path pattern, the ``rpc`` metric label, and its body."""
+
+    method: str
+    pattern: re.Pattern[str]
+    rpc: str
+    handler: Handler
+
+
+def server_ssl_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
+    """TLS for the HTTP port from the gRPC port's files; a client CA requires client
+    certificates (mTLS), as on gRPC."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    if client_ca:
+        context.load_verify_locations(client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+class HttpFront:
+    """The ``/v2`` REST endpoints and the page, on the engine every front holds."""
+
+    def __init__(self, engine: Engine, frame: Frame, traces: tracing.Tracing | None = None,
+                 ui: bool = True) -> None:
+        self.engine = engine
+        self.frame = frame
+        self.tracing = traces
+        self.ui = ui
+        self.max_body = engine.limits.max_message_bytes
+        # Registered in one table; _dispatch puts every route inside the frame.
+        self.routes = [
+            Route("GET", re.compile(r"/v2/health/live"), "ServerLive", self.server_live),
+            Route("GET", re.compile(r"/v2/health/ready"), "ServerReady", self.server_ready),
+            Route("GET", re.compile(r"/v2/?"), "ServerMetadata", self.server_metadata),
+            Route("GET", re.compile(_MODEL), "ModelMetadata", self.model_metadata),
+            Route("GET", re.compile(_MODEL + "/ready"), "ModelReady", self.model_ready),
+            Route("POST", re.compile(_MODEL + "/infer"), "ModelInfer", self.infer),
+            Route("POST", re.compile(_MODEL + "/tokenize"), "Tokenize", self.tokenize),
+            Route("POST", re.compile(r"/v2/repository/index"), "RepositoryIndex",
+                  self.repository_index)]
+        self._page = _page_files() if ui else {}
+        self._server: web.Server | None = None
+        self._listener: Any = None
+        self.port = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None,
+                    reuse_port: bool = False) -> int:
+        """Listen on the running loop; returns the bound port (``port`` 0 picks one)."""
+        import asyncio
+
+        self._server = web.Server(self._dispatch, access_log=None)
+        self._listener = await asyncio.get_running_loop().create_server(
+            self._server, host, port, ssl=ssl_context, reuse_port=reuse_port or None)
+        self.port = int(self._listener.sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting; in-flight requests get ``grace`` seconds to finish."""
+        if self._listener is not None:
+            self._listener.close()
+        if self._server is not None:
+            await self._server.shutdown(grace)
+        if self._listener is not None:
+            await self._listener.wait_closed()
+
+    # -- dispatch: every /v2 route inside the frame ----------------------------------------
+
+    async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        start_ns = time.perf_counter_ns()
+        path = request.path
+        if not path.startswith("/v2"):
+            return self._static(request)
+        route, params = self._match(request.method, path)
+        if route is None:
+            allowed = [r.method for r in self.routes if r.pattern.fullmatch(path)]
+            if allowed:
+                return _error(405, f"{request.method} {path}: use {', '.join(allowed)}",
+                              {"Allow": ", ".join(allowed)})
+            return _error(404, f"no endpoint {path}; see GET /v2 and /v2/models/<model>")
+        headers = request.headers
+        call = Call(f"http/{route.rpc}", params.get("model") or "", headers.get("x-request-id", ""),
+                    headers.get("Authorization", ""), None, start_ns)
+
+        async def body() -> web.StreamResponse:
+            framed = replace(call, deadline=_deadline(headers.get("grpc-timeout")))
+            return await route.handler(request, params, framed)
+
+        attributes = {"http.request.method": request.method, "url.path": path,
+                      "rpc.system": "http", "rpc.method": route.rpc}
+        with tracing.server_span(self.tracing, f"{request.method} {route.pattern.pattern}",
+                                 headers, attributes) as end_with:
+            try:
+                response = await self.frame.run(call, body)
+            except Refused as r:
+                end_with(r.code.value[0], f"{r.code.name}: {r.message}")
+                status = http_status_for(r.code, r.__cause__)
+                extra = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+                response = _error(status, r.message, extra)
+                if status == 413:
+                    response.force_close()  # the unread body must not be taken as a request
+                return response
+            end_with(grpc.StatusCode.OK.value[0], "")
+            return response
+
+    def _match(self, method: str, path: str) -> tuple[Route | None, dict[str, str]]:
+        for route in self.routes:
+            if route.method == method:
+                m = route.pattern.fullmatch(path)
+                if m is not None:
+                    return route, {k: v for k, v in m.groupdict().items() if v is not None}
+        return None, {}
+
+    def _static(self, request: web.BaseRequest) -> web.StreamResponse:
+        name = request.path.lstrip("/") or "index.html"
+        if request.method != "GET" or name not in self._page:
+            why = "the page is off (--no-ui, or auth is on without --ui)" if not self.ui else ""
+            return _error(404, f"no such path {request.path}{'; ' + why if why else ''}")
+        data, content_type = self._page[name]
+        return web.Response(body=data, content_type=content_type,
+                            headers={"Cache-Control": "no-cache"})
+
+    # -- health and metadata --------------------------------------------------------------
+
+    async def server_live(self, request: web.BaseRequest, params: dict[str, str],
+                          call: Call) -> web.StreamResponse:
+        """200 while the process answers (the frame answers 503 while draining)."""
+        return _json({"live": True})
+
+    async def server_ready(self, request: web.BaseRequest, params: dict[str, str],
+                           call: Call) -> web.StreamResponse:
+        """200 when a model is loaded; 400 (the protocol's "4xx is false") before."""
+        ready = self.engine.ready
+        return _json({"ready": ready}, 200 if ready else 400)
+
+    async def model_ready(self, request: web.BaseRequest, params: dict[str, str],
+                          call: Call) -> web.StreamResponse:
+        """200 when the model (and version) is loaded, else 400."""
+        try:
+            self.engine.model(params["model"], model_version(params.get("version", "")))
+        except EmbedError:
+            return _json({"name": params["model"], "ready": False}, 400)
+        return _json({"name": params["model"], "ready": True})
+
+    async def server_metadata(self, request: web.BaseRequest, params: dict[str, str],
+                              call: Call) -> web.StreamResponse:
+        """Name, version and the protocol extensions served over HTTP."""
+        try:
+            version = metadata.version("embedding-service")
+        except metadata.PackageNotFoundError:
+            version = "0"
+        return _json({"name": "embedding-service", "version": version,
+                      "extensions": EXTENSIONS})
+
+    async def model_metadata(self, request: web.BaseRequest, params: dict[str, str],
+                             call: Call) -> web.StreamResponse:
+        """The model's tensors, exactly as the gRPC form's ModelMetadata."""
+        model = self.engine.model(params["model"], model_version(params.get("version", "")))
+        return _json({
+            "name": model.name, "versions": [str(model.version)], "platform": "embedding",
+            "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
+                       {"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": "embeddings", "datatype": "FP32",
+                         "shape": [-1, -1, model.tables.dim]},
+                        {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}]})
+
+    async def repository_index(self, request: web.BaseRequest, params: dict[str, str],
+                               call: Call) -> web.StreamResponse:
+        """Every version on disk (Triton's repository extension): READY, UNAVAILABLE or
+        AVAILABLE; ``{"ready": true}`` in the body lists the served ones only."""
+        body = await read_body(request, self.max_body)
+        only_ready = False
+        if body.strip():
+            try:
+                only_ready = json.loads(body).get("ready", False) is True
+            except (ValueError, AttributeError):
+                raise InvalidArgument("repository index body must be a JSON object") from None
+        rows = [{"name": n, "version": str(v), "state": s, "reason": r}
+                for n, v, s, r in self.engine.repo.index() if not only_ready or s == "READY"]
+        return _json(rows)
+
+    # -- inference ------------------------------------------------------------------------
+
+    async def infer(self, request: web.BaseRequest, params: dict[str, str],
+                    call: Call) -> web.StreamResponse:
+        """Token ids or text in, [B, T, C] input embeddings out (binary or JSON)."""
+        body = await read_body(request, self.max_body)
+        infer = parse_infer(body, _header_length(request), params["model"],
+                            model_version(params.get("version", "")))
+        admission = await self.engine.admit(infer.options, infer.inputs)
+        plan = plan_response(infer, admission)
+        writer = plan.writer
+        B, T, C = plan.shape
+        dest: Any = writer if writer is not None else RowSlice(plan.rows.view(B * T, C))
+        result = await self.engine.run_padded(admission, plan.rows, dest, call.start_ns,
+                                              call.deadline, infer.request_id)
+        if writer is not None:
+            return web.Response(body=result, content_type=_BINARY,
+                                headers={_HEADER_LENGTH: str(plan.header_length)})
+        data, header_length = plan.json_body()
+        if header_length is None:
+            return web.Response(body=data, content_type=_JSON)
+        return web.Response(body=data, content_type=_BINARY,
+                            headers={_HEADER_LENGTH: str(header_length)})
+
+    async def tokenize(self, request: web.BaseRequest, params: dict[str, str],
+                       call: Call) -> web.StreamResponse:
+        """The page's helper: an infer request's sequences as admission reads them (ids
+        after truncation, each token's text, each row's untrained flag); no lookup."""
+        body = await read_body(request, self.max_body)
+        infer = parse_infer(body, _header_length(request), params["model"],
+                            model_version(params.get("version", "")))
+        admission = await self.engine.admit(infer.options, infer.inputs)
+        model = admission.model
+        sequences = []
+        for seq in admission.sequences:
+            ids = seq.ids.tolist()
+            try:
+                tokens: list[str] | None = [t.decode("utf-8", "replace")
+                                            for t in model.tokenizer.token_bytes(ids)]
+            except EmbedError:  # a model served without a tokenizer
+                tokens = None
+            untrained = (model.untrained[seq.ids].tolist() if model.untrained is not None
+                         else None)
+            sequences.append({"ids": ids, "tokens": tokens, "untrained": untrained,
+                              "start_position": seq.start_position,
+                              "truncated_tokens": seq.truncated_tokens})
+        return _json({"model_name": model.name, "model_version": str(model.version),
+                      "dim": model.tables.dim, "position": model.checkpoint.manifest.position,
+                      "max_seq_len": model.checkpoint.manifest.max_seq_len,
+                      "sequences": sequences})
+
+
+async def read_body(request: web.BaseRequest, limit: int) -> bytes:
+    """The whole body, refused (413) before reading when it declares more than ``limit``
+    bytes; a body without a length is read only until it passes the limit."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise RequestTooLarge(f"request body is {length} bytes; max_message_bytes is {limit}")
+    if length is not None:
+        return await request.content.readexactly(length) if length else b""
+    data = await request.content.read(limit + 1)
+    while len(data) <= limit and not request.content.at_eof():
+        data += await request.content.read(limit + 1 - len(data))
+    if len(data) > limit:
+        raise RequestTooLarge(f"request body is over max_message_bytes {limit}")
+    return data
+
+
+def _header_length(request: web.BaseRequest) -> int | None:
+    value = request.headers.get(_HEADER_LENGTH)
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise InvalidArgument(f"{_HEADER_LENGTH}={value!r} must be a non-negative integer")
+    return int(value)
+
+
+def _deadline(value: str | None) -> float | None:
+    """``grpc-timeout`` (e.g. ``250m``) as a ``time.monotonic()`` deadline."""
+    if value is None:
+        return None
+    m = re.fullmatch(r"(\d{1,8})([HMSmun])", value.strip())
+    if m is None:
+        raise InvalidArgument(f"grpc-timeout={value!r} must be 1-8 digits and a unit "
+                              f"(H, M, S, m, u, n), e.g. '250m'")
+    return time.monotonic() + int(m.group(1)) * _TIMEOUT_UNITS[m.group(2)]
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(value, separators=(",", ":")).encode(),
+                        status=status, content_type=_JSON)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=json.dumps({"error": message}).encode(), status=status,
+                        content_type=_JSON, headers=headers)
+
+
+def _page_files() -> dict[str, tuple[bytes, str]]:
+    """The page's static files, read once from the package (shipped as package data)."""
+    root = resources.files("service.rpc") / "page"
+    return {name: ((root / name).read_bytes(), kind) for name, kind in _PAGE_FILES.items()}

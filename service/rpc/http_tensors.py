@@ -1,0 +1,286 @@
+"""The REST form of OIP ``infer``: JSON (and binary) tensors in, the response's layout out.
+
+Request body: a JSON object, optionally followed by binary tensor data (Triton's binary
+tensor data extension): the ``Inference-Header-Content-Length`` header gives the JSON's
+length; each input whose ``parameters`` carry ``binary_data_size`` takes that many bytes
+after it, in input order. Parameters, output names and input checks are the gRPC form's
+own (``oip_tensors``), so both forms answer a request with the same values and messages.
+
+Response: the outputs asked for, in the order asked (default: ``embeddings``, then
+``sequence_lengths``). An output is binary when its ``binary_data`` parameter says so, else
+when the request's ``binary_data_output`` does; binary outputs are written after the JSON
+in output order, and the JSON says each one's ``binary_data_size``. The embeddings as
+binary are written once, by the lookup, straight into the response body
+(``codec.ResponseWriter``); FP16/BF16 travel only so: JSON has no such numbers, and
+asking for them in JSON is refused before any work, as Triton refuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from genproto.embedding.v1 import embedding_pb2 as pb
+from service.dtypes import BY_WIRE
+from service.engine.admission import Admission, Inputs, Options
+from service.errors import InvalidArgument
+from service.rpc import codec
+from service.rpc.oip_tensors import (
+    DATATYPES,
+    ONE_INPUT,
+    datatype,
+    output_names,
+    parameters,
+    read_tensor,
+)
+
+__all__ = ["EXTENSIONS", "InferRequest", "ResponsePlan", "parse_infer", "plan_response"]
+
+EXTENSIONS = ["parameters", "binary_tensor_data"]  # what GET /v2 advertises
+_TRANSPORT = ("binary_data_output",)  # request parameters of the REST form only
+_DEFAULT_ORDER = ("embeddings", "sequence_lengths")
+_ID_DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4")}
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """An input tensor's header, in the shape ``oip_tensors.read_tensor`` reads."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+@dataclass
+class InferRequest:
+    """A parsed infer request: what admission takes, and how to answer."""
+
+    request_id: str
+    options: Options
+    inputs: Inputs  # counted now, built when admission reads them
+    outputs: list[tuple[str, bool]]  # (name, binary), in response order
+
+
+def parse_infer(body: bytes, header_length: int | None, model: str,
+                version: int) -> InferRequest:
+    """The request body (JSON, then binary data when ``header_length`` is given)."""
+    size = len(body) if header_length is None else header_length
+    if not 0 <= size <= len(body):
+        raise InvalidArgument(f"Inference-Header-Content-Length={size} is outside the body "
+                              f"of {len(body)} bytes")
+    header = _json_object(body[:size])
+    binary = memoryview(body)[size:]
+    request_id = header.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument(f"id={request_id!r} must be a string")
+    raw_params = header.get("parameters", {})
+    if not isinstance(raw_params, dict):
+        raise InvalidArgument("parameters must be a JSON object")
+    binary_default = raw_params.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise InvalidArgument(f"parameters['binary_data_output']={binary_default!r} must be a "
+                              f"bool")
+    params = parameters({k: v for k, v in raw_params.items() if k not in _TRANSPORT})
+    outputs, output_dtype = _outputs(header.get("outputs"), binary_default)
+    dtype = datatype(params["datatype"] if output_dtype is None else output_dtype)
+    if not dict(outputs)["embeddings"] and dtype != pb.DTYPE_FLOAT32:
+        name = DATATYPES[dtype]
+        raise InvalidArgument(f"sending {name} data via JSON is not supported: ask for output "
+                              f"'embeddings' with parameters {{\"binary_data\": true}} (the "
+                              f"binary tensor data extension)")
+    inputs = _inputs(header.get("inputs"), binary, params["start_position"])
+    extra = {}
+    if "add_special_tokens" in params and "add_special_tokens" in Options.__dataclass_fields__:
+        extra["add_special_tokens"] = params["add_special_tokens"]  # where admission has it
+    options = Options(model, version, params["compose"], dtype, params["truncate"],
+                      params["allow_special_tokens"], **extra)
+    return InferRequest(request_id, options, inputs, outputs)
+
+
+def _json_object(data: bytes | memoryview) -> dict[str, Any]:
+    try:
+        value = json.loads(bytes(data))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidArgument(f"request body is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgument("request body must be a JSON object")
+    return value
+
+
+def _outputs(raw: Any, binary_default: bool) -> tuple[list[tuple[str, bool]], Any]:
+    """(name, binary) per output in response order, and the embeddings' own datatype."""
+    if raw is None:
+        return [(name, binary_default) for name in _DEFAULT_ORDER], None
+    if not isinstance(raw, list) or not all(isinstance(o, dict) for o in raw):
+        raise InvalidArgument("outputs must be a list of objects with a 'name'")
+    names = [o.get("name") for o in raw]
+    if not all(isinstance(n, str) for n in names):
+        raise InvalidArgument("outputs must be a list of objects with a 'name'")
+    output_names(names)
+    result: list[tuple[str, bool]] = []
+    embeddings_dtype = None
+    for o in raw:
+        p = o.get("parameters", {})
+        if not isinstance(p, dict):
+            raise InvalidArgument(f"outputs[{o['name']!r}].parameters must be an object")
+        if "shared_memory_region" in p:
+            raise InvalidArgument("shared-memory outputs are served over gRPC only "
+                                  "(inference.GRPCInferenceService on the gRPC port)")
+        binary = p.get("binary_data", binary_default)
+        if not isinstance(binary, bool):
+            raise InvalidArgument(f"outputs[{o['name']!r}].parameters['binary_data']="
+                                  f"{binary!r} must be a bool")
+        if o["name"] == "embeddings" and "datatype" in p:
+            embeddings_dtype = p["datatype"]
+        result.append((o["name"], binary))
+    return result, embeddings_dtype
+
+
+def _inputs(raw: Any, binary: memoryview, start_position: int) -> Inputs:
+    if not isinstance(raw, list) or len(raw) != 1 or not isinstance(raw[0], dict):
+        names = [t.get("name") for t in raw if isinstance(t, dict)] \
+            if isinstance(raw, list) else raw
+        raise InvalidArgument(f"inputs {names}: {ONE_INPUT}")
+    t = raw[0]
+    name, dt, shape = t.get("name"), t.get("datatype"), t.get("shape")
+    if not isinstance(name, str) or not isinstance(dt, str) or not isinstance(shape, list) \
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+        raise InvalidArgument("inputs[0] needs 'name' (string), 'datatype' (string) and "
+                              "'shape' (list of integers)")
+    tensor = _Tensor(name, dt, shape)
+    p = t.get("parameters", {})
+    size = p.get("binary_data_size") if isinstance(p, dict) else None
+    if size is not None:
+        if "data" in t:
+            raise InvalidArgument(f"input {name!r}: give 'data' or parameters "
+                                  f"'binary_data_size', not both")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= len(binary):
+            raise InvalidArgument(f"input {name!r}: binary_data_size={size!r} but "
+                                  f"{len(binary)} bytes of binary data follow the JSON")
+        if size != len(binary):
+            raise InvalidArgument(f"{len(binary) - size} bytes after input {name!r}'s binary "
+                                  f"data belong to no input")
+        return read_tensor(tensor, bytes(binary[:size]), start_position)
+    if len(binary):
+        raise InvalidArgument(f"{len(binary)} bytes of binary data follow the JSON but no "
+                              f"input has parameters 'binary_data_size'")
+    if "data" not in t:
+        raise InvalidArgument(f"input {name!r} has no 'data' (or parameters "
+                              f"'binary_data_size')")
+    return read_tensor(tensor, _raw(tensor, t["data"]), start_position)
+
+
+def _raw(tensor: _Tensor, data: Any) -> bytes:
+    """JSON ``data`` (flat or nested, row-major) as the tensor's binary form, so one reader
+    checks both (shape against element count, id range, UTF-8)."""
+    if tensor.datatype == "BYTES":
+        items = _flat(data)
+        if not all(isinstance(s, str) for s in items):
+            raise InvalidArgument(f"input {tensor.name!r}: BYTES data must be strings")
+        encoded = [s.encode("utf-8", "surrogatepass") for s in items]
+        return b"".join(struct.pack("<I", len(e)) + e for e in encoded)
+    dt = _ID_DTYPES.get(tensor.datatype)
+    if dt is None:  # the reader names the expected datatypes
+        return b""
+    if not isinstance(data, list):
+        raise InvalidArgument("tensor 'data' must be a JSON list")
+    try:  # numpy reads the (nested, row-major) list in C: T=1024 in ~50 µs, not ~1 ms
+        values = np.asarray(data)
+    except (ValueError, OverflowError):  # ragged nesting
+        values = np.asarray([None])
+    if values.dtype.kind not in "iu" and not (values.size == 0 and values.ndim == 1):
+        raise InvalidArgument(f"input {tensor.name!r}: {tensor.datatype} data must be "
+                              f"integers (a flat list, or nested lists of one shape)")
+    info = np.iinfo(dt)
+    if values.size and (values.min() < info.min or values.max() > info.max):
+        raise InvalidArgument(f"input {tensor.name!r}: a value is outside {tensor.datatype}")
+    return values.astype(dt).tobytes()
+
+
+def _flat(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        raise InvalidArgument("tensor 'data' must be a JSON list")
+    if not any(isinstance(v, list) for v in data):
+        return data
+    out: list[Any] = []
+    for v in data:
+        out.extend(_flat(v) if isinstance(v, list) else [v])
+    return out
+
+
+class ResponsePlan:
+    """One response, laid out at admission: the JSON header (and its length) and, for
+    binary embeddings, the body allocated at its final size with the rows to write."""
+
+    def __init__(self, infer: InferRequest, admission: Admission, dim: int) -> None:
+        model, lengths = admission.model, admission.lengths
+        B, T, C = len(lengths), max(lengths), dim
+        dtype = admission.options.dtype
+        self.shape = (B, T, C)
+        self.binary = dict(infer.outputs)
+        self.lengths = lengths
+        rows_bytes = B * T * C * BY_WIRE[dtype].itemsize
+        self._lengths_raw = np.asarray(lengths, dtype="<i8").tobytes()
+        outputs = []
+        for name, binary in infer.outputs:
+            if name == "embeddings":
+                o: dict[str, Any] = {"name": name, "datatype": DATATYPES[dtype],
+                                     "shape": [B, T, C]}
+                size = rows_bytes
+            else:
+                o = {"name": name, "datatype": "INT64", "shape": [B]}
+                size = len(self._lengths_raw)
+                if not binary:
+                    o["data"] = lengths
+            if binary:
+                o["parameters"] = {"binary_data_size": size}
+            outputs.append(o)
+        self.header: dict[str, Any] = {
+            "model_name": model.name, "model_version": str(model.version),
+            **({"id": infer.request_id} if infer.request_id else {}),
+            "parameters": {"checkpoint_id": model.checkpoint_id,
+                           "start_position": admission.sequences[0].start_position,
+                           "truncated_tokens": sum(f.truncated_tokens
+                                                   for f in admission.sequences)},
+            "outputs": outputs}
+        self.writer: codec.ResponseWriter | None = None
+        if self.binary["embeddings"]:
+            head = json.dumps(self.header, separators=(",", ":")).encode()
+            self.header_length = len(head)
+            order = [n for n, b in infer.outputs if b]
+            at = order.index("embeddings")
+            before = b"".join(self._lengths_raw for n in order[:at] if n != "embeddings")
+            after = b"".join(self._lengths_raw for n in order[at + 1:])
+            self.writer = codec.ResponseWriter(head + before, (B * T, C),
+                                               BY_WIRE[dtype].torch, after, None)
+            self.rows = self.writer.rows.view(B, T, C)
+        else:
+            self.rows = torch.empty(B, T, C, dtype=BY_WIRE[dtype].torch)
+
+    def json_body(self) -> tuple[bytes, int | None]:
+        """The response when the embeddings are JSON: the body and, when some output is
+        binary (only ``sequence_lengths`` can be), the JSON header's length."""
+        header = dict(self.header)
+        header["outputs"] = [dict(o) for o in header["outputs"]]
+        for o in header["outputs"]:
+            if o["name"] == "embeddings":
+                # Python floats print the shortest decimal that reads back as the same
+                # double; a float32 widened to double reads back exactly, so the JSON
+                # numbers are bit for bit the FP32 rows.
+                o["data"] = self.rows.reshape(-1).tolist()
+        head = json.dumps(header, separators=(",", ":")).encode()
+        if self.binary.get("sequence_lengths"):
+            return head + self._lengths_raw, len(head)
+        return head, None
+
+
+def plan_response(infer: InferRequest, admission: Admission) -> ResponsePlan:
+    """The response of an admitted request (the rows' width: the admission's, where
+    admission knows a compose-dependent width, else the model's)."""
+    dim = getattr(admission, "dim", None) or admission.model.tables.dim
+    return ResponsePlan(infer, admission, dim)

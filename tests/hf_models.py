@@ -1,0 +1,87 @@
+"""Tiny random Hugging Face models of every supported family, built from configs (no network).
+
+Every parameter is redrawn at random (not HF's init, which leaves LayerNorms at 1 and 0
+and would hide a missing weight or bias), then saved with ``save_pretrained`` (safetensors).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers as tf
+
+__all__ = ["FAMILY_MODELS", "HIDDEN", "LEARNED", "MAX_POS", "VOCAB", "build", "reference",
+           "save"]
+
+VOCAB = 96
+HIDDEN = 24  # sqrt(24) = 4.898979...: Gemma's scale is not exact in bf16 (4.90625)
+MAX_POS = 40
+_LAYERS = {"num_hidden_layers": 1, "num_attention_heads": 2}
+_DECODER = {"hidden_size": HIDDEN, "intermediate_size": 32, "vocab_size": VOCAB,
+            "max_position_embeddings": MAX_POS, "bos_token_id": 1, "eos_token_id": 2,
+            "pad_token_id": 0, "num_key_value_heads": 2, "head_dim": 12, **_LAYERS}
+
+# name -> (model class, config). The *ForCausalLM / *ForMaskedLM classes save their
+# tensors under a prefix (model., transformer., bert.); the base classes without one.
+FAMILY_MODELS: dict[str, tuple[Callable[[Any], Any], Any]] = {
+    "gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config(
+        vocab_size=VOCAB, n_embd=HIDDEN, n_layer=1, n_head=2, n_positions=MAX_POS,
+        bos_token_id=1, eos_token_id=2)),
+    "opt": (tf.OPTForCausalLM, tf.OPTConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, ffn_dim=32, max_position_embeddings=MAX_POS,
+        word_embed_proj_dim=HIDDEN, **_LAYERS)),
+    "opt-proj": (tf.OPTModel, tf.OPTConfig(  # opt-350m's shape: 8-wide rows, project_in
+        vocab_size=VOCAB, hidden_size=HIDDEN, ffn_dim=32, max_position_embeddings=MAX_POS,
+        word_embed_proj_dim=8, **_LAYERS)),
+    "llama": (tf.LlamaForCausalLM, tf.LlamaConfig(**_DECODER)),
+    "mistral": (tf.MistralForCausalLM, tf.MistralConfig(**_DECODER)),
+    "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config(**_DECODER)),
+    "gemma": (tf.GemmaForCausalLM, tf.GemmaConfig(**_DECODER)),
+    "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config(**_DECODER)),
+    "gpt_neox": (tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig(**_DECODER)),
+    "bloom": (tf.BloomModel, tf.BloomConfig(vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=1,
+                                            n_head=2)),
+    "falcon": (tf.FalconForCausalLM, tf.FalconConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, max_position_embeddings=MAX_POS, **_LAYERS)),
+    "bert": (tf.BertModel, tf.BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN,
+                                         intermediate_size=32,
+                                         max_position_embeddings=MAX_POS, **_LAYERS)),
+}
+# Families whose hidden_states[0] depends on position_ids (a learned table); the others
+# are given position_ids too, and their hidden_states[0] must not depend on them.
+LEARNED = {"gpt2", "opt", "opt-proj", "bert"}
+
+
+def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:
+    """The family's tiny model, every parameter random, in eval mode and ``dtype``."""
+    cls, config = FAMILY_MODELS[name]
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    return model.to(dtype)
+
+
+def save(model: Any, out: Path, max_shard_size: str | None = None) -> Path:
+    """``save_pretrained`` with safetensors (sharded when ``max_shard_size`` is given)."""
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(out, **kwargs)
+    return out
+
+
+def reference(model: Any, name: str, ids: list[int], start: int) -> tuple[torch.Tensor,
+                                                                           torch.Tensor]:
+    """The oracle: (hidden_states[0] at positions start.., get_input_embeddings()(ids))."""
+    x = torch.tensor([ids])  # (1, T)
+    kwargs: dict[str, Any] = {"output_hidden_states": True}
+    if "position_ids" in inspect.signature(model.forward).parameters:  # not BLOOM (ALiBi)
+        kwargs["position_ids"] = torch.arange(start, start + len(ids)).unsqueeze(0)  # (1, T)
+    with torch.no_grad():
+        hidden = model(input_ids=x, **kwargs).hidden_states[0][0]  # (T, C)
+        token = model.get_input_embeddings()(x)[0]  # (T, dim)
+    return hidden, token

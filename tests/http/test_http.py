@@ -1,0 +1,171 @@
+"""The REST front's endpoints and tensors: JSON and binary, every dtype and compose, each
+answer bit for bit the native Embed's."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from service.server import ServerHandle
+from tests.http.conftest import as_bits, binary_outputs, infer_body, request
+from tests.tiny_model import DIM
+
+IDS = [[31373, 995, 0, 50256, 7], [1, 2, 3, 4, 5]]
+DATATYPES = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16, "BF16": pb.DTYPE_BFLOAT16}
+COMPOSE = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITION,
+           "token_only": pb.COMPOSE_TOKEN_ONLY, "position_only": pb.COMPOSE_POSITION_ONLY}
+
+
+@pytest.fixture(scope="module")
+def native(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
+    with grpc.insecure_channel(server.target) as channel:
+        yield pb_grpc.EmbeddingServiceStub(channel)
+
+
+def native_rows(stub: pb_grpc.EmbeddingServiceStub, rows: list[list[int]], **fields: object
+                ) -> bytes:
+    return b"".join(stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=r), **fields)  # type: ignore[arg-type]
+                               ).embeddings.data for r in rows)
+
+
+def test_health_metadata_and_index(server: ServerHandle) -> None:
+    port = server.http_port
+    assert request(port, "GET", "/v2/health/live").json() == {"live": True}
+    assert request(port, "GET", "/v2/health/ready").json() == {"ready": True}
+    meta = request(port, "GET", "/v2")
+    assert meta.status == 200
+    assert meta.headers["content-type"] == "application/json"
+    assert meta.json()["extensions"] == ["parameters", "binary_tensor_data"]
+    expected = {
+        "name": "tiny", "versions": ["1"], "platform": "embedding",
+        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
+                   {"name": "text", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "embeddings", "datatype": "FP32", "shape": [-1, -1, DIM]},
+                    {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}]}
+    assert request(port, "GET", "/v2/models/tiny").json() == expected
+    assert request(port, "GET", "/v2/models/tiny/versions/1").json() == expected
+    assert request(port, "GET", "/v2/models/tiny/ready").json() == {"name": "tiny",
+                                                                    "ready": True}
+    missing = request(port, "GET", "/v2/models/tiny/versions/9/ready")
+    assert (missing.status, missing.json()["ready"]) == (400, False)
+    index = request(port, "POST", "/v2/repository/index", {"ready": True}).json()
+    assert [(r["name"], r["version"], r["state"]) for r in index] == [
+        ("rope", "1", "READY"), ("tiny", "1", "READY")]
+
+
+def test_unknown_routes(server: ServerHandle) -> None:
+    port = server.http_port
+    assert request(port, "GET", "/v2/nope").status == 404
+    wrong = request(port, "GET", "/v2/models/tiny/infer")
+    assert (wrong.status, wrong.headers["allow"]) == (405, "POST")
+    assert wrong.json() == {"error": "GET /v2/models/tiny/infer: use POST"}
+
+
+@pytest.mark.parametrize("datatype", list(DATATYPES))
+@pytest.mark.parametrize("compose", list(COMPOSE))
+def test_binary_output_equals_native_embed(server: ServerHandle,
+                                           native: pb_grpc.EmbeddingServiceStub,
+                                           datatype: str, compose: str) -> None:
+    body = infer_body(IDS, start_position=3, compose=compose, datatype=datatype)
+    body["id"] = "r-1"
+    body["outputs"] = [{"name": "embeddings", "parameters": {"binary_data": True}},
+                       {"name": "sequence_lengths"}]
+    reply = request(server.http_port, "POST", "/v2/models/tiny/infer", body)
+    header, binary = binary_outputs(reply)
+    assert header["id"] == "r-1"
+    assert header["model_name"] == "tiny"
+    assert header["parameters"]["start_position"] == 3
+    assert header["outputs"] == [
+        {"name": "embeddings", "datatype": datatype, "shape": [2, 5, DIM],
+         "parameters": {"binary_data_size": len(binary["embeddings"])}},
+        {"name": "sequence_lengths", "datatype": "INT64", "shape": [2], "data": [5, 5]}]
+    assert binary["embeddings"] == native_rows(native, IDS, start_position=3,
+                                               compose=COMPOSE[compose],
+                                               dtype=DATATYPES[datatype])
+
+
+@pytest.mark.parametrize("compose", list(COMPOSE))
+def test_json_output_fp32_is_bit_exact(server: ServerHandle,
+                                       native: pb_grpc.EmbeddingServiceStub,
+                                       compose: str) -> None:
+    reply = request(server.http_port, "POST", "/v2/models/tiny/versions/1/infer",
+                    infer_body(IDS, start_position=3, compose=compose))
+    assert reply.status == 200
+    assert reply.headers["content-type"] == "application/json"
+    embeddings, lengths = reply.json()["outputs"]
+    assert embeddings["shape"] == [2, 5, DIM]
+    assert lengths["data"] == [5, 5]
+    assert as_bits(embeddings["data"]) == native_rows(native, IDS, start_position=3,
+                                                      compose=COMPOSE[compose])
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_json_output_of_half_types_is_refused(server: ServerHandle, datatype: str) -> None:
+    reply = request(server.http_port, "POST", "/v2/models/tiny/infer",
+                    infer_body(IDS, datatype=datatype))
+    assert reply.status == 400
+    assert reply.json() == {"error": (
+        f"sending {datatype} data via JSON is not supported: ask for output 'embeddings' "
+        f"with parameters {{\"binary_data\": true}} (the binary tensor data extension)")}
+
+
+@pytest.mark.parametrize("dtype", ["<i8", "<i4"])
+def test_binary_input_ids(server: ServerHandle, native: pb_grpc.EmbeddingServiceStub,
+                          dtype: str) -> None:
+    raw = np.asarray(IDS, dtype=dtype).tobytes()
+    head = json.dumps({
+        "inputs": [{"name": "input_ids", "shape": [2, 5],
+                    "datatype": "INT64" if dtype == "<i8" else "INT32",
+                    "parameters": {"binary_data_size": len(raw)}}],
+        "parameters": {"binary_data_output": True}}).encode()
+    reply = request(server.http_port, "POST", "/v2/models/tiny/infer", head + raw,
+                    {"Inference-Header-Content-Length": str(len(head)),
+                     "Content-Type": "application/octet-stream"})
+    header, binary = binary_outputs(reply)
+    assert binary["embeddings"] == native_rows(native, IDS)
+    assert np.frombuffer(binary["sequence_lengths"], "<i8").tolist() == [5, 5]
+    # The binary outputs follow the JSON in output order.
+    assert [o["name"] for o in header["outputs"]] == ["embeddings", "sequence_lengths"]
+
+
+def test_ragged_text_binary_in_and_out(server: ServerHandle,
+                                       native: pb_grpc.EmbeddingServiceStub) -> None:
+    texts = [b"hello world", "caf\u00e9 \u2603".encode()]
+    raw = b"".join(struct.pack("<I", len(t)) + t for t in texts)
+    head = json.dumps({
+        "inputs": [{"name": "text", "shape": [2], "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(raw)}}],
+        "outputs": [{"name": "sequence_lengths", "parameters": {"binary_data": True}},
+                    {"name": "embeddings", "parameters": {"binary_data": True,
+                                                          "datatype": "BF16"}}]}).encode()
+    reply = request(server.http_port, "POST", "/v2/models/tiny/infer", head + raw,
+                    {"Inference-Header-Content-Length": str(len(head))})
+    _header, binary = binary_outputs(reply)
+    first = native.Embed(pb.EmbedRequest(text="hello world", dtype=pb.DTYPE_BFLOAT16))
+    second = native.Embed(pb.EmbedRequest(text=texts[1].decode(), dtype=pb.DTYPE_BFLOAT16))
+    T = max(len(first.token_ids), len(second.token_ids))
+    assert np.frombuffer(binary["sequence_lengths"], "<i8").tolist() == [
+        len(first.token_ids), len(second.token_ids)]
+    rows = np.frombuffer(binary["embeddings"], "<u2").reshape(2, T, DIM)
+    for b, reply_b in enumerate((first, second)):
+        n = len(reply_b.token_ids)
+        assert rows[b, :n].tobytes() == reply_b.embeddings.data
+        assert not rows[b, n:].any()  # padding rows are zero
+
+
+def test_tokenize_helper(server: ServerHandle) -> None:
+    reply = request(server.http_port, "POST", "/v2/models/tiny/tokenize",
+                    infer_body(texts=["hello world"], start_position=2))
+    assert reply.status == 200
+    assert reply.json() == {
+        "model_name": "tiny", "model_version": "1", "dim": DIM, "position": "learned",
+        "max_seq_len": 64, "sequences": [{
+            "ids": [31373, 995], "tokens": ["hello", " world"], "untrained": [True, False],
+            "start_position": 2, "truncated_tokens": 0}]}

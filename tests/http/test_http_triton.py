@@ -1,0 +1,150 @@
+"""The REST front with the real ``tritonclient.http`` (2.73.0), in this process: it speaks
+HTTP/JSON with geventhttpclient and registers no protobuf, so it lives beside genproto
+(unlike tritonclient.grpc, see tests/oip/triton_driver.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.http as th
+from tritonclient.utils import InferenceServerException
+
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from service.server import ServerHandle
+from tests.tiny_model import DIM, start
+
+DATATYPES = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16, "BF16": pb.DTYPE_BFLOAT16}
+COMPOSE = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITION,
+           "token_only": pb.COMPOSE_TOKEN_ONLY, "position_only": pb.COMPOSE_POSITION_ONLY}
+IDS = np.array([[31373, 995, 0, 50256, 7], [1, 2, 3, 4, 5]], dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerHandle) -> Iterator[th.InferenceServerClient]:
+    c = th.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def native(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
+    with grpc.insecure_channel(server.target) as channel:
+        yield pb_grpc.EmbeddingServiceStub(channel)
+
+
+def native_rows(stub: pb_grpc.EmbeddingServiceStub, **fields: object) -> bytes:
+    return b"".join(stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=row.tolist()),  # type: ignore[arg-type]
+                                               **fields)).embeddings.data for row in IDS)
+
+
+def ids_input(ids: np.ndarray, binary: bool = True) -> th.InferInput:
+    inp = th.InferInput("input_ids", list(ids.shape), "INT64" if ids.dtype == np.int64
+                        else "INT32")
+    inp.set_data_from_numpy(ids, binary_data=binary)
+    return inp
+
+
+def test_health_and_metadata(client: th.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("tiny")
+    assert client.is_model_ready("tiny", "1")
+    assert not client.is_model_ready("nope")
+    assert client.get_model_metadata("tiny") == {
+        "name": "tiny", "versions": ["1"], "platform": "embedding",
+        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
+                   {"name": "text", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "embeddings", "datatype": "FP32", "shape": [-1, -1, DIM]},
+                    {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}]}
+    assert client.get_server_metadata()["extensions"] == ["parameters", "binary_tensor_data"]
+
+
+@pytest.mark.parametrize("datatype", list(DATATYPES))
+@pytest.mark.parametrize("compose", list(COMPOSE))
+def test_binary_infer_equals_native(client: th.InferenceServerClient,
+                                    native: pb_grpc.EmbeddingServiceStub, datatype: str,
+                                    compose: str) -> None:
+    result = client.infer("tiny", [ids_input(IDS)], request_id="r-7",
+                          outputs=[th.InferRequestedOutput("embeddings", binary_data=True),
+                                   th.InferRequestedOutput("sequence_lengths")],
+                          parameters={"start_position": 3, "compose": compose,
+                                      "datatype": datatype})
+    x = result.as_numpy("embeddings")
+    assert x is not None
+    assert x.shape == (2, 5, DIM)
+    assert x.tobytes() == native_rows(native, start_position=3, compose=COMPOSE[compose],
+                                      dtype=DATATYPES[datatype])
+    assert result.as_numpy("sequence_lengths").tolist() == [5, 5]
+    response = result.get_response()
+    assert response["id"] == "r-7"
+    assert response["parameters"]["start_position"] == 3
+
+
+@pytest.mark.parametrize("compose", list(COMPOSE))
+def test_json_infer_fp32_equals_native(client: th.InferenceServerClient,
+                                       native: pb_grpc.EmbeddingServiceStub,
+                                       compose: str) -> None:
+    result = client.infer("tiny", [ids_input(IDS.astype(np.int32), binary=False)],
+                          model_version="1",
+                          outputs=[th.InferRequestedOutput("embeddings", binary_data=False)],
+                          parameters={"compose": compose})
+    x = result.as_numpy("embeddings")
+    assert x is not None
+    assert x.dtype == np.float32
+    assert x.tobytes() == native_rows(native, compose=COMPOSE[compose])
+
+
+def test_default_outputs_and_text(client: th.InferenceServerClient,
+                                  native: pb_grpc.EmbeddingServiceStub) -> None:
+    text = th.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"hello world"], dtype=object))
+    result = client.infer("tiny", [text])  # no outputs: all of them, binary
+    expected = native.Embed(pb.EmbedRequest(text="hello world")).embeddings.data
+    assert result.as_numpy("embeddings").tobytes() == expected
+    assert result.as_numpy("sequence_lengths").tolist() == [2]
+
+
+def test_errors(client: th.InferenceServerClient) -> None:
+    cases = [
+        ("nope", {}, "404", "model 'nope' is not loaded (loaded: rope, tiny)"),
+        ("tiny", {"compose": "tokens"}, "400", "parameters['compose']='tokens' must be one of "
+         "['position_only', 'token_only', 'token_plus_position']"),
+        ("rope", {"compose": "position_only"}, "400", "compose=COMPOSE_POSITION_ONLY needs a "
+         "position table; model 'rope' has position 'none'"),
+        ("tiny", {"datatype": "FP16"}, "400", "sending FP16 data via JSON is not supported: ask "
+         "for output 'embeddings' with parameters {\"binary_data\": true} (the binary tensor "
+         "data extension)"),
+    ]
+    for model, parameters, status, message in cases:
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(model, [ids_input(IDS)], parameters=parameters,
+                         outputs=[th.InferRequestedOutput("embeddings", binary_data=False)])
+        assert (info.value.status(), info.value.message()) == (status, message)
+    assert client.infer("tiny", [ids_input(IDS)]).as_numpy("embeddings").shape == (2, 5, DIM)
+
+
+def test_token_and_limits(tiny_repo: Path) -> None:
+    handle = start(tiny_repo, auth_token="t0ken", max_message_bytes=2000)
+    c = th.InferenceServerClient(f"127.0.0.1:{handle.http_port}")
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("tiny", [ids_input(IDS)])
+        assert (info.value.status(), info.value.message()) == (
+            "401", "missing or invalid 'authorization: Bearer <token>'")
+        assert not c.is_server_ready()
+        auth = {"Authorization": "Bearer t0ken"}
+        assert c.is_server_ready(headers=auth)
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("tiny", [ids_input(np.arange(20).reshape(1, 20))], headers=auth)
+        assert info.value.status() == "429"
+        assert info.value.message().endswith("the largest T that fits is 12")
+        assert c.infer("tiny", [ids_input(IDS)], headers=auth).as_numpy(
+            "sequence_lengths").tolist() == [5, 5]
+    finally:
+        c.close()
+        handle.stop()

@@ -1,0 +1,103 @@
+"""Any supported Hugging Face model directory -> ``SourceTables``, by its ``model_type``.
+
+Only the tensors the input embeddings need are read (the rest of a 16 GB checkpoint is
+never opened beyond its header); every shape is checked against config.json first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training.importers.families import FAMILIES, Family, supported
+from training.importers.source import (
+    ImporterError,
+    SafetensorsDir,
+    SourceTables,
+    check_shape,
+    config_int,
+    resolve_names,
+)
+
+__all__ = ["family_of", "load_hf"]
+
+
+def family_of(src: SafetensorsDir) -> Family:
+    """The family named by config.json's model_type; unknown types are refused."""
+    model_type = src.config.get("model_type")
+    family = FAMILIES.get(str(model_type))
+    if family is None:
+        raise ImporterError(f"{src.dir / 'config.json'}: model_type {model_type!r} is not "
+                            f"supported (supported: {supported()}); its embedding rules are "
+                            f"unknown, so it is not imported by guesswork")
+    return family
+
+
+def _max_seq_len(family: Family, src: SafetensorsDir, flag: int | None) -> int:
+    """The context length: the position table's rows, else config, else --max-seq-len."""
+    if family.positions == "learned":
+        if flag is not None:
+            raise ImporterError(f"--max-seq-len: {family.model_type} has a learned position "
+                                f"table; max_seq_len is its row count from config.json")
+        return config_int(src.config, family.max_seq_len_keys, "config.json")
+    if flag is not None:
+        if flag <= 0:
+            raise ImporterError(f"--max-seq-len {flag}: must be positive")
+        return flag
+    if not family.max_seq_len_keys:
+        raise ImporterError(f"config.json: {family.model_type} states no context length; "
+                            f"pass --max-seq-len (e.g. 2048 for BLOOM)")
+    return config_int(src.config, family.max_seq_len_keys, "config.json")
+
+
+def load_hf(model_dir: Path, max_seq_len: int | None = None,
+            expect: str | None = None) -> SourceTables:
+    """Read the embedding tensors of a supported HF model (``expect``: the only
+    model_type an alias such as ``hf-gpt2`` accepts)."""
+    src = SafetensorsDir(model_dir)
+    family = family_of(src)
+    if expect is not None and family.model_type != expect:
+        raise ImporterError(f"{src.dir / 'config.json'}: model_type "
+                            f"{family.model_type!r}, but hf-{expect} imports only {expect!r} "
+                            f"(use the 'hf' command)")
+    cfg = src.config
+    rules = family.rules(cfg)
+    names = resolve_names(list(src.weight_map), family.names, family.wanted(rules),
+                          str(src.dir))
+    vocab = config_int(cfg, ["vocab_size"], "config.json")
+    hidden = config_int(cfg, family.hidden_keys, "config.json")
+    width = (config_int(cfg, [family.token_width_key], "config.json")
+             if family.token_width_key and family.token_width_key in cfg else hidden)
+    seq = _max_seq_len(family, src, max_seq_len)
+    expected: dict[str, tuple[tuple[int, ...], str]] = {
+        "token_embedding": ((vocab, width), "[vocab_size, hidden_size] from config.json"),
+        "position_embedding": ((seq + rules.position_offset, hidden),
+                               f"[max_position_embeddings + {rules.position_offset}, "
+                               f"hidden_size] from config.json"),
+        "project_in_weight": ((hidden, width), "[hidden_size, word_embed_proj_dim]"),
+        "layernorm_weight": ((hidden,), "[hidden_size]"),
+        "layernorm_bias": ((hidden,), "[hidden_size]"),
+    }
+    if family.model_type == "gpt2":  # the messages GPT-2 users know
+        expected["token_embedding"] = ((vocab, hidden), "[vocab_size, n_embd] from config.json")
+        expected["position_embedding"] = ((seq, hidden),
+                                          "[n_positions, n_embd] from config.json")
+    if rules.token_type:
+        types = config_int(cfg, ["type_vocab_size"], "config.json")
+        expected["token_type_embedding"] = ((types, hidden), "[type_vocab_size, hidden_size]")
+        if cfg.get("position_embedding_type", "absolute") != "absolute":
+            raise ImporterError(f"config.json: position_embedding_type "
+                                f"{cfg['position_embedding_type']!r}: only 'absolute' "
+                                f"position rows are input embeddings")
+    for ours, name in names.items():
+        shape, meaning = expected[ours]
+        check_shape(src.where(name), name, src.shape(name), shape, meaning)
+    tensors = {ours: src.tensor(name) for ours, name in names.items()}
+    rule_tensors = {k: v for k, v in tensors.items() if k in rules.tensors()}
+    if "token_type_embedding" in rule_tensors:
+        # BERT adds token_type_embeddings(0) when no token_type_ids are given: row 0 only.
+        rule_tensors["token_type_embedding"] = rule_tensors["token_type_embedding"][:1].clone()
+    return SourceTables(
+        token_table=tensors["token_embedding"], position_table=tensors.get("position_embedding"),
+        max_seq_len=seq, names=names, provenance=src.provenance("hf"),
+        family=family.model_type, rules=rules, hidden_size=hidden if width != hidden else 0,
+        rule_tensors=rule_tensors, vocab_size=vocab)

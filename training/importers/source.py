@@ -1,0 +1,141 @@
+"""Reading a source: safetensors only (never a pickle), names through explicit maps.
+
+``SafetensorsDir`` is a Hugging Face save directory (``config.json`` plus one or sharded
+safetensors files); ``SourceTables`` is what every importer hands the writer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from service.format.rules import Rules
+
+__all__ = ["ImporterError", "SafetensorsDir", "SourceTables", "check_shape", "config_int",
+           "resolve_names", "sha256_file"]
+
+# Pickled weight files: refused by name, never opened.
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+class ImporterError(Exception):
+    """A source that cannot be imported; the message names the file and tensor."""
+
+
+@dataclass(frozen=True)
+class SourceTables:
+    """The input tables read from a source, its family's rules, and where they came from."""
+
+    token_table: torch.Tensor  # (table_rows, dim)
+    position_table: torch.Tensor | None  # (max_seq_len + offset, C); None without one
+    max_seq_len: int
+    names: dict[str, str]  # our name -> source tensor name
+    provenance: dict[str, Any] = field(default_factory=dict)
+    family: str = ""  # HF model_type; "" for nanoGPT (the training job's own GPT)
+    rules: Rules = field(default_factory=Rules)
+    hidden_size: int = 0  # 0 = the token rows' width
+    rule_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    vocab_size: int = 0  # the model's id range (config vocab_size); 0 = the tokenizer's
+
+    @property
+    def position(self) -> str:
+        """The manifest's position kind: a stored table is learned; without one, none."""
+        return "none" if self.position_table is None else "learned"
+
+
+def resolve_names(available: Sequence[str], name_map: Mapping[str, str],
+                  wanted: Sequence[str], where: str) -> dict[str, str]:
+    """Map each wanted name of ours to the one source name present; error if none or two."""
+    present = set(available)
+    resolved: dict[str, str] = {}
+    for ours in wanted:
+        candidates = [src for src, dst in name_map.items() if dst == ours and src in present]
+        expected = [src for src, dst in name_map.items() if dst == ours]
+        if not candidates:
+            sample = ", ".join(sorted(present)[:8]) or "(no tensors)"
+            raise ImporterError(f"{where}: no tensor for {ours}: expected one of "
+                                f"{expected}; the file has {sample}")
+        if len(candidates) > 1:
+            raise ImporterError(f"{where}: {ours} is ambiguous: {candidates} are all present")
+        resolved[ours] = candidates[0]
+    return resolved
+
+
+def check_shape(where: str, name: str, shape: Sequence[int], expected: tuple[int, ...],
+                meaning: str) -> None:
+    """Refuse a tensor whose shape is not what the source's own config says."""
+    if tuple(shape) != expected:
+        raise ImporterError(f"{where}: {name} has shape {tuple(shape)}, expected "
+                            f"{expected} = {meaning}")
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MB chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def config_int(config: Mapping[str, Any], keys: Sequence[str], where: str) -> int:
+    """The first integer among ``keys`` (config names differ between families)."""
+    for key in keys:
+        if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
+            return int(config[key])
+    raise ImporterError(f"{where}: no integer {' or '.join(keys)}")
+
+
+class SafetensorsDir:
+    """A Hugging Face save directory: config.json plus one or sharded safetensors files."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.dir = Path(model_dir)
+        config_path = self.dir / "config.json"
+        if not config_path.is_file():
+            raise ImporterError(f"{config_path}: missing (need the model's config.json)")
+        self.config: dict[str, Any] = json.loads(config_path.read_text())
+        index = self.dir / "model.safetensors.index.json"
+        if (self.dir / "model.safetensors").is_file():
+            with safe_open(str(self.dir / "model.safetensors"), framework="pt") as f:
+                self.weight_map = dict.fromkeys(f.keys(), "model.safetensors")
+        elif index.is_file():
+            self.weight_map = {str(k): str(v)
+                               for k, v in json.loads(index.read_text())["weight_map"].items()}
+        else:
+            pickles = sorted(p.name for p in self.dir.iterdir()
+                             if p.suffix in _PICKLE_SUFFIXES)
+            found = f" (found {', '.join(pickles)}: pickled weights are never opened)" \
+                if pickles else ""
+            raise ImporterError(f"{self.dir}: no model.safetensors or "
+                                f"model.safetensors.index.json{found}; only safetensors are "
+                                f"read: convert the weights with save_pretrained("
+                                f"safe_serialization=True)")
+        self.files_read: set[str] = {"config.json"}
+
+    def where(self, name: str) -> str:
+        """The file holding a tensor, for messages."""
+        return str(self.dir / self.weight_map[name])
+
+    def shape(self, name: str) -> list[int]:
+        """A tensor's shape, without reading its data."""
+        with safe_open(self.where(name), framework="pt") as f:
+            return list(f.get_slice(name).get_shape())
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """A tensor's data (a fresh copy, not a view of the file)."""
+        self.files_read.add(self.weight_map[name])
+        with safe_open(self.where(name), framework="pt") as f:
+            return f.get_tensor(name)
+
+    def provenance(self, source: str) -> dict[str, Any]:
+        """Source name, the HF config and the sha256 of every file read."""
+        files = {name: sha256_file(self.dir / name) for name in sorted(self.files_read)}
+        return {"source": source, "hf_config": self.config, "source_files": files}
