@@ -165,7 +165,9 @@ def front_of(module: str) -> str | None:
     if len(parts) < 3 or parts[:2] != ["service", "rpc"]:
         return None
     name = parts[2]
-    return name if name in _FRONT_NAMES or name.startswith("http") else None
+    if name.startswith("http"):  # http.py and its own helpers (http_tensors, ...): one front
+        return "http"
+    return name if name in _FRONT_NAMES else None
 
 
 def cross_front_imports(graph: Graph) -> list[str]:

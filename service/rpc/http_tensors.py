@@ -62,7 +62,7 @@ class InferRequest:
 
     request_id: str
     options: Options
-    inputs: Inputs  # counted now, built when admission reads them
+    inputs: Inputs
     outputs: list[tuple[str, bool]]  # (name, binary), in response order
 
 

@@ -208,4 +208,3 @@ def _labels(rpc: str, request: Any) -> tuple[str, str]:
 
 
 _version = model_version  # "" = newest; otherwise a positive integer (shared with REST)
-

@@ -61,7 +61,8 @@ def limited(tiny_repo: Path) -> Iterator[ServerHandle]:
     (infer_body([[1]], compose="tokens"), "parameters['compose']='tokens' must be one of "
      "['position_only', 'token_only', 'token_plus_position']"),
     (infer_body([[1]], bogus=1), "parameters ['bogus'] are not known; this model takes "
-     "['allow_special_tokens', 'compose', 'datatype', 'start_position', 'truncate']"),
+     "['add_special_tokens', 'allow_special_tokens', 'compose', 'datatype', 'start_position', "
+     "'truncate']"),
     ({"inputs": []}, "inputs []: give exactly one of 'input_ids' [B, T] (INT64/INT32) or "
                      "'text' [B] (BYTES)"),
     ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 3],
