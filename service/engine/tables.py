@@ -102,6 +102,29 @@ class EmbeddingTables:
         self.position_max_abs = (0.0 if self.position_table is None
                                  else _max_abs(self.position_table))
 
+    def max_abs(self, compose: int) -> float:
+        """An upper bound on |value| of any row ``compose`` returns, from the tables'
+        largest values and each computing rule's own bound (scale: times it; project_in:
+        times W's largest row L1 norm; token_type: plus its largest value; LayerNorm:
+        sqrt(C-1) * max|weight| + max|bias|, whatever its input)."""
+        if compose == COMPOSE_POSITION_ONLY:
+            return self.position_max_abs
+        r = self._rules
+        x = self.token_max_abs
+        if r is not None and r.scale is not None:
+            x *= abs(float(r.scale))
+        if compose == COMPOSE_TOKEN_ONLY:
+            return x
+        if r is not None and r.project_in is not None:  # (C, dim)
+            x *= float(r.project_in.float().abs().sum(dim=1).max())
+        if r is not None and r.token_type is not None:
+            x += _max_abs(r.token_type)
+        x += self.position_max_abs
+        if r is not None and r.ln_weight is not None and r.ln_bias is not None:
+            C = int(r.ln_weight.shape[0])
+            x = math.sqrt(max(C - 1, 1)) * _max_abs(r.ln_weight) + _max_abs(r.ln_bias)
+        return x
+
     def out_dim(self, compose: int) -> int:
         """Columns of the rows ``compose`` returns: token-only has the table's width."""
         return self.dim if compose == COMPOSE_TOKEN_ONLY else self.width

@@ -171,13 +171,8 @@ def check_output_bytes(tokens: int, model: LoadedModel, itemsize: int, dtype_nam
 
 def max_abs_output(model: LoadedModel, compose: int) -> float:
     """An upper bound on |value| of any row ``compose`` can return for this model: the
-    tables' largest |value| (recorded at load), summed when both are added."""
-    tables = model.tables
-    if compose == pb.COMPOSE_POSITION_ONLY:
-        return tables.position_max_abs
-    if compose == pb.COMPOSE_TOKEN_ONLY or tables.position_table is None:
-        return tables.token_max_abs
-    return tables.token_max_abs + tables.position_max_abs
+    tables' largest |value| (recorded at load), through the family's rules."""
+    return model.tables.max_abs(compose)
 
 
 def check_dtype_range(compose: int, dtype: int, model: LoadedModel) -> None:

@@ -164,11 +164,7 @@ def datatype(value: Any) -> int:
 
 
 def read_input(request: oip.ModelInferRequest, start_position: int) -> Inputs:
-    """The sequences of the one input tensor, ``input_ids`` [B, T] or ``text`` [B].
-
-    The declared shape is checked against the contents here, in O(1); the sequences are
-    built only when admission reads them, after it has checked B against its limit.
-    """
+    """The sequences of the one input tensor, ``input_ids`` [B, T] or ``text`` [B]."""
     if len(request.inputs) != 1:
         names = ", ".join(quote(t.name, 32) for t in request.inputs[:4])
         raise InvalidArgument(f"{len(request.inputs)} input tensors [{names}]: {ONE_INPUT}")
@@ -179,7 +175,11 @@ def read_input(request: oip.ModelInferRequest, start_position: int) -> Inputs:
 
 def read_tensor(tensor: Any, raw: bytes | None, start_position: int) -> Inputs:
     """The sequences of one input tensor: anything with the message's ``name``,
-    ``datatype`` and ``shape`` (and ``contents`` when ``raw`` is None)."""
+    ``datatype`` and ``shape`` (and ``contents`` when ``raw`` is None).
+
+    The declared shape is checked against the contents here, in O(1); the sequences are
+    built only when admission reads them, after it has checked B against its limit.
+    """
     if tensor.name == "input_ids":
         return _ids(tensor, raw, start_position)
     if tensor.name == "text":

@@ -232,3 +232,57 @@ def test_repository_index_reasons_carry_no_filesystem_path(
         assert "/tmp" not in reason, reason
         assert not any(part.startswith("/") for part in reason.split()), reason
     assert rows[("tiny", "2")][1].startswith("tiny/2/"), rows[("tiny", "2")][1]
+
+
+# -- the REST face: the same frame on every /v2 route -----------------------------------------
+
+REST = [("GET", "/v2/health/live"), ("GET", "/v2/health/ready"), ("GET", "/v2"),
+        ("GET", "/v2/models/tiny"), ("GET", "/v2/models/tiny/ready"),
+        ("POST", "/v2/models/tiny/infer"), ("POST", "/v2/models/tiny/tokenize"),
+        ("POST", "/v2/repository/index")]
+
+
+def _rest(handle: ServerHandle, method: str, path: str, body: bytes | None = None,
+          token: str | None = None) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+    headers = {"content-type": "application/json"}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(f"http://127.0.0.1:{handle.http_port}{path}",
+                                     data=body if method == "POST" else None,
+                                     headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_every_rest_route_needs_the_token(guarded: ServerHandle) -> None:
+    assert len(REST) == len(guarded.server.http.routes)  # a new route must be listed here
+    for method, path in REST:
+        status, body = _rest(guarded, method, path, b"{}")
+        assert status == 401, (path, status, body[:200])
+        status, _ = _rest(guarded, method, path, b"{}", token="s3cret-token")
+        assert status != 401, path
+
+
+@pytest.mark.parametrize("value", sorted(HOSTILE_STRINGS))
+def test_rest_hostile_model_names_and_shapes(guarded: ServerHandle, security_repo: Path,
+                                             value: str) -> None:
+    import json
+    import urllib.parse
+    name = urllib.parse.quote(HOSTILE_STRINGS[value][:2000], safe="")
+    for method, path, body in [
+            ("GET", f"/v2/models/{name}", None),
+            ("POST", f"/v2/models/{name}/infer", b"{}"),
+            ("POST", "/v2/models/tiny/infer", json.dumps({"inputs": [
+                {"name": "input_ids", "datatype": "INT64", "shape": [1_000_000, 0],
+                 "data": []}]}).encode())]:
+        status, reply = _rest(guarded, method, path, body, token="s3cret-token")
+        assert 400 <= status < 500, (path[:80], status, reply[:200])
+        text = reply.decode("utf-8", "replace")
+        assert "Traceback" not in text
+        assert str(security_repo) not in text
+        assert len(text) <= MAX_MESSAGE_CHARS + 200

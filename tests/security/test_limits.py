@@ -74,7 +74,9 @@ def test_rpcs_past_the_cap_are_refused_by_grpc_core(
 def test_a_stream_that_is_never_read_holds_at_most_its_budget(
         guarded: ServerHandle, native: pb_grpc.EmbeddingServiceStub) -> None:
     budget = LIMITS["max_stream_buffer_bytes"]
-    n = 64  # 64 answers of 32 KiB: 2 MiB, eight times the stream's budget
+    # 400 answers of 32 KiB: 12.5 MiB, far past the stream's budget and what the client's
+    # transport takes in without being read (its HTTP/2 window, up to ~4 MiB)
+    n = 400
     rng = np.random.default_rng(0)
     requests = [pb.EmbedRequest(model="wide", request_id=f"r{i}", token_ids=pb.TokenIds(
         ids=rng.integers(0, 50257, T).tolist())) for i in range(n)]
@@ -91,11 +93,8 @@ def test_a_stream_that_is_never_read_holds_at_most_its_budget(
     stream = native.EmbedStream(feed(), metadata=AUTH, timeout=60)
     # Never read for a while: the server computes until the budget is spent, then waits.
     held = []
-    deadline = time.monotonic() + 15  # a loaded machine may take a while to start
-    while time.monotonic() < deadline and not any(held[-1:]):
-        time.sleep(0.05)
-        held.append(budgets.held)  # type: ignore[attr-defined]
-    for _ in range(20):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (len(held) < 20 or not max(held)):
         time.sleep(0.05)
         held.append(budgets.held)  # type: ignore[attr-defined]
     print(f"held by the server while the client did not read: max {max(held)} B "

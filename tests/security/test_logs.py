@@ -52,7 +52,7 @@ def test_a_request_id_cannot_forge_a_line(guarded: ServerHandle,
     log_format, out = server_log
     tokenizer = guarded.server.repo.get("tiny", 0).tokenizer
 
-    def boom(text: str, allow_special: bool) -> list[int]:
+    def boom(text: str, *args: object) -> list[int]:
         raise RuntimeError(f"cannot tokenize {text}")  # client text in the exception
 
     monkeypatch.setattr(tokenizer, "encode", boom)
