@@ -81,8 +81,10 @@ class EmbeddingServer:
         self.tracing = tracing.setup(config)  # tracing: None (nothing at all) when off
         # The REST front: same engine and frame, on the gRPC server's loop (-1: off). The
         # page is off when a token is required, unless --ui says otherwise.
-        ui = config.ui if config.ui is not None else not config.auth_token
-        self.http = (HttpFront(self.engine, self.frame, self.tracing, ui)
+        locked = bool(config.auth_token or config.auth_tokens)
+        ui = config.ui if config.ui is not None else not locked
+        self.http = (HttpFront(self.engine, self.frame, self.tracing, ui,
+                                config.max_concurrent_rpcs)
                      if config.http_port >= 0 else None)
         self.http_port = 0
         self.grpc_port = 0

@@ -76,8 +76,12 @@ class HttpFront:
     """The ``/v2`` REST endpoints and the page, on the engine every front holds."""
 
     def __init__(self, engine: Engine, frame: Frame, traces: tracing.Tracing | None = None,
-                 ui: bool = True) -> None:
+                 ui: bool = True, max_inflight: int = 0) -> None:
         self.engine = engine
+        # --max-concurrent-rpcs for HTTP: aiohttp has no core-level cap as gRPC has, so the
+        # refusal happens here, before the body is read or anything is admitted (0 = none).
+        self.max_inflight = max_inflight
+        self._inflight = 0
         self.frame = frame
         self.tracing = traces
         self.ui = ui
@@ -142,6 +146,20 @@ class HttpFront:
 
         attributes = {"http.request.method": request.method, "url.path": path,
                       "rpc.system": "http", "rpc.method": route.rpc}
+        if self.max_inflight and self._inflight >= self.max_inflight:
+            return error_response(429, f"{self._inflight} HTTP requests in flight: "
+                                       f"max_concurrent_rpcs={self.max_inflight}; retry later")
+        self._inflight += 1
+        try:
+            return await self._framed(route, call, body, attributes, request, headers)
+        finally:
+            self._inflight -= 1
+
+    async def _framed(self, route: Route, call: Call,
+                      body: Callable[[], Awaitable[web.StreamResponse]],
+                      attributes: dict[str, str], request: web.BaseRequest,
+                      headers: Any) -> web.StreamResponse:
+        """The route's body inside the frame and its trace span; a refusal as JSON."""
         with tracing.server_span(self.tracing, f"{request.method} {route.pattern.pattern}",
                                  headers, attributes) as end_with:
             try:
