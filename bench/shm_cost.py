@@ -3,14 +3,19 @@ one client, sequential, against an in-process server on a GPT-2-size random tabl
 
     .venv/bin/python -m bench.shm_cost [--tokens 1024] [--requests 300] [--dim 768]
 
-Prints median and p90 latency and the process's CPU time per request (client and server
-share the process) of the shared-memory path and of the same request answered in the
-response, so the two (and two builds of the server) can be compared on one machine.
+First the write path alone, in a hot loop (p10 and median of 500): the lookup (gather +
+fp32 add) stored straight into a MAP_SHARED mapping of a /dev/shm object (the old design,
+unsafe: a shrunk object is SIGBUS), against the lookup into a private buffer plus one
+``pwrite`` (the design served). Then end to end: median and p90 latency and the process's
+CPU time per request (client and server share the process) of the shared-memory path and
+of the same request answered in the response.
 """
 
 from __future__ import annotations
 
 import argparse
+import mmap
+import os
 import statistics
 import tempfile
 import time
@@ -37,6 +42,39 @@ def _latencies(call: object, n: int) -> list[float]:
     return out
 
 
+def write_path(T: int, C: int, runs: int = 500) -> None:
+    """The lookup into a shared mapping vs into private memory + pwrite, in-process."""
+    g = torch.Generator().manual_seed(1)
+    table, positions = torch.randn(VOCAB, C, generator=g), torch.randn(T, C, generator=g)
+    ids = torch.randint(0, VOCAB, (T,), generator=g)
+    n = T * C * 4
+    path = f"/dev/shm/embed-bench-{os.getpid()}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, n)
+        mapping = mmap.mmap(fd, n, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        mapped = torch.frombuffer(mapping, dtype=torch.float32).view(T, C)
+
+        def store() -> None:
+            torch.index_select(table, 0, ids, out=mapped)
+            mapped.add_(positions)
+
+        def pwrite() -> None:
+            rows = torch.empty(T, C)
+            torch.index_select(table, 0, ids, out=rows)
+            rows.add_(positions)
+            os.fstat(fd)  # the size check the server makes before each write
+            os.pwrite(fd, rows.view(-1).view(torch.uint8).numpy().data, 0)
+
+        for name, fn in (("mmap store", store), ("private+pwrite", pwrite)):
+            lat = sorted(_latencies(fn, runs))
+            print(f"write path {name:15s} T={T} C={C} fp32: p10 {lat[runs // 10] * 1e6:.0f} us, "
+                  f"median {statistics.median(lat) * 1e6:.0f} us ({runs} runs)")
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
 def main() -> None:
     """Run the benchmark and print one line per path."""
     p = argparse.ArgumentParser()
@@ -45,6 +83,8 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=768)
     args = p.parse_args()
     T, C = args.tokens, args.dim
+    torch.set_num_threads(1)  # as the server runs its lookups (--torch-threads 1)
+    write_path(T, C)
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
         g = torch.Generator().manual_seed(0)

@@ -71,7 +71,7 @@ class ServerConfig:
     # own threads; OpenMP fork/join per add fights them for the cores (measured: 2 threads
     # on 2 cores halved T=1024 throughput). 0 = torch's default.
     torch_threads: int = 1
-    # Pre-forked server processes sharing the port (SO_REUSEPORT) and the page cache.
+    # Server processes sharing the port (SO_REUSEPORT); each holds its own copy of the tables.
     workers: int = 1
     # --- request cost and memory bounds (docs/security.md) ---
     # Sequences in one request (EmbedBatch inputs, OIP B); refused from the count alone,

@@ -1,8 +1,9 @@
-"""``--workers N``: N server processes on one port (SO_REUSEPORT), one page cache, supervised.
+"""``--workers N``: N server processes on one port (SO_REUSEPORT), supervised.
 
 Each worker is a fresh interpreter (spawn, not fork: gRPC's threads do not survive fork)
-that memory-maps the same safetensors files, so the tables' pages are shared and the
-proportional set size (PSS) per worker is ~table bytes / N. The kernel spreads incoming
+that reads the tables into its own private memory (``checkpoint.read_private``: a file
+truncated or rewritten in place cannot crash or change a worker), so each worker holds
+one copy of the tables; the libraries' pages are still shared. The kernel spreads incoming
 connections across the workers' listening sockets. Worker i serves metrics on
 ``metrics_port + i``.
 

@@ -2,8 +2,9 @@
 
 x = token_table[ids] + position_table[positions]  # (N, C), added in fp32
 
-On CPU with float32 storage the tables are the checkpoint's memory maps: no copy, pages
-shared between worker processes through the page cache. On CUDA the tables live on the
+On CPU with float32 storage the tables are the checkpoint's buffer as read and hashed at
+load (private memory, ``checkpoint.read_private``): no further copy, and nothing the disk
+does afterwards can reach them; each worker holds its own. On CUDA the tables live on the
 device and each batch costs one host→device copy of ids+positions (pinned), one gather,
 one add, one cast, one device→host copy (pinned) and one synchronisation.
 
@@ -85,7 +86,7 @@ class EmbeddingTables:
         self.device = device
         dtype = table_dtype or token_table.dtype
         self.dim = int(token_table.shape[1])  # width of the token rows
-        # A memory map already is the table: .to() is a no-op for same device and dtype.
+        # The loaded buffer already is the table: .to() is a no-op for same device and dtype.
         self.token_table = token_table.to(device=device, dtype=dtype)  # (rows, dim)
         self.position_table = (None if position_table is None
                                else position_table.to(device=device, dtype=dtype))  # (P, C)

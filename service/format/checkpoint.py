@@ -180,7 +180,8 @@ class Manifest:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """One loaded, verified version. Tensors are read-only memory maps of the files."""
+    """One loaded, verified version. Tensors view private memory holding the files' bytes
+    as read and hashed at load (never a map of the files)."""
 
     path: Path
     manifest: Manifest

@@ -4,6 +4,7 @@ serving everyone (batch-mates of the failed request included)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -12,7 +13,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bench.soak_shm_truncate import MAX_SEQ_LEN, MODEL, VOCAB, run_truncate_scenario, tables
 from genproto.embedding.v1 import embedding_pb2 as pb
+from service.format.checkpoint import write_checkpoint
+from service.format.tokenizer import default_ranks_path, gpt2_spec
 from service.server import ServerHandle
 from tests.security.shm_helpers import (
     DIM,
@@ -117,3 +121,18 @@ def _embed(region: str) -> pb.EmbedRequest:
 
 def _unregister(name: str) -> pb.UnregisterSharedMemoryRequest:
     return pb.UnregisterSharedMemoryRequest(name=name)
+
+
+def test_truncated_under_load_loses_nothing_for_others(tmp_path: Path) -> None:
+    """The soak's scenario (bench/soak_shm_truncate), 2 s in process: a careless client's
+    objects truncated under load; 0 lost, 0 corrupted good answers; server up."""
+    token_table, position_table = tables(3)
+    write_checkpoint(tmp_path / MODEL / "1", token_table=token_table,
+                     position_table=position_table, position="learned",
+                     max_seq_len=MAX_SEQ_LEN, vocab_size=VOCAB, tokenizer_spec=gpt2_spec(),
+                     tokenizer_ranks=default_ranks_path())
+    with start(tmp_path, default_model=MODEL) as handle:
+        out = asyncio.run(run_truncate_scenario(handle.target, 2.0, 2, seed=0, table_seed=3))
+    assert out.passed, out
+    assert out.good_ok > 10
+    assert out.truncations > 2

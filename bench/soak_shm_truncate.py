@@ -1,0 +1,247 @@
+"""Soak scenario: shared-memory objects truncated under load by their owner.
+
+    python -m bench.soak_shm_truncate --seconds 20 --clients 4 --workers 2
+
+Against a real ``python -m service --workers W`` on loopback: ``--clients`` good clients
+each own a region and send shared-memory ``Embed`` requests into it back to back, every
+answer checked bit for bit against the tables (fp32: token row + position row); one
+careless client registers its own object, sends the same requests and, at random moments,
+shrinks it to a few bytes, truncates it to 0 or unlinks it while its requests are in
+flight, then makes a new one and registers again. Its requests may fail with
+FAILED_PRECONDITION or land (a shrink racing the server's check is extended back by the
+write); nothing else may happen to anyone.
+
+Exits 1 unless: 0 lost and 0 corrupted good answers, every careless answer is OK or
+FAILED_PRECONDITION (or NOT_FOUND while it re-registers), the server's workers never died
+(same PIDs at the end) and it still answers. ``run_truncate_scenario`` is the piece a larger
+soak can run beside its own traffic against a server it started (it needs the tables'
+seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import secrets
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import torch
+
+from bench.servers import free_port, launch, wait_serving
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from service.format.checkpoint import write_checkpoint
+from service.format.tokenizer import default_ranks_path, gpt2_spec
+
+__all__ = ["Outcome", "main", "run_truncate_scenario"]
+
+VOCAB, DIM, MAX_SEQ_LEN, MODEL = 50257, 64, 256, "soak-shm"
+SHM = Path("/dev/shm")
+REGION_BYTES = MAX_SEQ_LEN * DIM * 4
+
+
+def tables(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scenario model's (token_table, position_table)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(VOCAB, DIM, generator=g), torch.randn(MAX_SEQ_LEN, DIM, generator=g)
+
+
+@dataclass
+class Outcome:
+    """Counts of one run."""
+
+    good_ok: int = 0
+    lost: int = 0  # a good client's request that failed
+    corrupted: int = 0  # a good client's rows that were not the tables'
+    careless: dict[str, int] = field(default_factory=dict)  # status name -> count
+    truncations: int = 0
+    errors: list[str] = field(default_factory=list)  # first few unexpected details
+
+    @property
+    def passed(self) -> bool:
+        """No good answer lost or corrupted; every careless answer an allowed status."""
+        allowed = {"OK", "FAILED_PRECONDITION", "NOT_FOUND"}
+        return (self.lost == 0 and self.corrupted == 0 and self.good_ok > 0
+                and set(self.careless) <= allowed and self.truncations > 0)
+
+
+class _Object:
+    """A /dev/shm object this process never maps (read with pread)."""
+
+    def __init__(self, size: int) -> None:
+        self.key = f"/embed-soak-{secrets.token_hex(6)}"
+        self.path = SHM / self.key[1:]
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        os.ftruncate(fd, size)
+        os.close(fd)
+
+    def read(self, n: int) -> bytes:
+        with self.path.open("rb") as f:
+            return f.read(n)
+
+
+def _request(rng: random.Random, region: str) -> tuple[pb.EmbedRequest, list[int], int]:
+    T = rng.randint(1, MAX_SEQ_LEN // 2)
+    start = rng.randint(0, MAX_SEQ_LEN - T)
+    ids = [rng.randrange(VOCAB) for _ in range(T)]
+    return (pb.EmbedRequest(model=MODEL, token_ids=pb.TokenIds(ids=ids), start_position=start,
+                            output=pb.SharedMemoryOutput(region=region)), ids, start)
+
+
+async def _good(stub: pb_grpc.EmbeddingServiceStub, name: str, seed: int, until: float,
+                expect: tuple[torch.Tensor, torch.Tensor], out: Outcome) -> None:
+    obj = _Object(REGION_BYTES)
+    rng = random.Random(seed)
+    token_table, position_table = expect
+    try:
+        await stub.RegisterSharedMemory(pb.RegisterSharedMemoryRequest(region=pb.SharedMemoryRegion(
+            name=name, key=obj.key, byte_size=REGION_BYTES)))
+        while time.monotonic() < until:
+            request, ids, start = _request(rng, name)
+            try:
+                await stub.Embed(request, timeout=30)
+            except grpc.aio.AioRpcError as e:
+                out.lost += 1
+                if len(out.errors) < 5:
+                    out.errors.append(f"{name}: {e.code().name}: {e.details()}")
+                continue
+            want = (token_table[torch.tensor(ids)] + position_table[start: start + len(ids)])
+            if obj.read(len(ids) * DIM * 4) != want.numpy().tobytes():
+                out.corrupted += 1
+            else:
+                out.good_ok += 1
+        await stub.UnregisterSharedMemory(pb.UnregisterSharedMemoryRequest(name=name))
+    except grpc.aio.AioRpcError as e:  # its region is gone: the server lost state
+        out.lost += 1
+        out.errors.append(f"{name}: {e.code().name}: {e.details()}")
+    finally:
+        obj.path.unlink(missing_ok=True)
+
+
+async def _careless(stub: pb_grpc.EmbeddingServiceStub, seed: int, until: float,
+                    out: Outcome) -> None:
+    rng = random.Random(seed)
+
+    async def one(region: str) -> None:
+        try:
+            await stub.Embed(_request(rng, region)[0], timeout=30)
+            code = "OK"
+        except grpc.aio.AioRpcError as e:
+            code = e.code().name
+            if code not in ("FAILED_PRECONDITION", "NOT_FOUND") and len(out.errors) < 5:
+                out.errors.append(f"careless: {code}: {e.details()}")
+        out.careless[code] = out.careless.get(code, 0) + 1
+
+    n = 0
+    while time.monotonic() < until:
+        obj, name = _Object(REGION_BYTES), f"careless-{n}"
+        n += 1
+        try:
+            await stub.RegisterSharedMemory(pb.RegisterSharedMemoryRequest(
+                region=pb.SharedMemoryRegion(name=name, key=obj.key, byte_size=REGION_BYTES)))
+            inflight = [asyncio.ensure_future(one(name)) for _ in range(rng.randint(1, 8))]
+            await asyncio.sleep(rng.uniform(0, 0.005))  # while they are queued or writing
+            how = rng.choice(("shrink", "zero", "unlink"))
+            if how == "unlink":
+                obj.path.unlink()
+            else:
+                os.truncate(obj.path, 8 if how == "shrink" else 0)
+            out.truncations += 1
+            inflight += [asyncio.ensure_future(one(name)) for _ in range(2)]  # after it
+            await asyncio.gather(*inflight)
+            await stub.UnregisterSharedMemory(pb.UnregisterSharedMemoryRequest(name=name))
+        except grpc.aio.AioRpcError as e:  # a registration the server forgot or refused
+            key = f"register/unregister {e.code().name}"
+            out.careless[key] = out.careless.get(key, 0) + 1
+            if len(out.errors) < 5:
+                out.errors.append(f"careless: {key}: {e.details()}")
+        finally:
+            obj.path.unlink(missing_ok=True)
+
+
+async def run_truncate_scenario(target: str, seconds: float, clients: int, seed: int,
+                                table_seed: int) -> Outcome:
+    """Good clients and one careless client against ``target`` for ``seconds``; the model
+    ``soak-shm`` must be served from ``tables(table_seed)``."""
+    out = Outcome()
+    until = time.monotonic() + seconds
+    expect = tables(table_seed)
+    channels = [grpc.aio.insecure_channel(target) for _ in range(clients + 1)]
+    try:
+        stubs = [pb_grpc.EmbeddingServiceStub(ch) for ch in channels]
+        await asyncio.gather(
+            *(_good(stubs[i], f"good-{i}", seed + i, until, expect, out) for i in range(clients)),
+            _careless(stubs[-1], seed + 1000, until, out))
+    finally:
+        for ch in channels:
+            await ch.close()
+    return out
+
+
+def _worker_pids(parent: int) -> list[int]:
+    try:
+        children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    except OSError:
+        return []
+    return sorted(int(c) for c in children
+                  if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start a server, run the scenario, print the outcome; 0 when it passed."""
+    p = argparse.ArgumentParser(prog="python -m bench.soak_shm_truncate",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "models"
+        token_table, position_table = tables(args.seed)
+        write_checkpoint(repo / MODEL / "1", token_table=token_table,
+                         position_table=position_table, position="learned",
+                         max_seq_len=MAX_SEQ_LEN, vocab_size=VOCAB, tokenizer_spec=gpt2_spec(),
+                         tokenizer_ranks=default_ranks_path())
+        port = free_port()
+        server = launch("service", [sys.executable, "-m", "service", "--model-repository",
+                                    str(repo), "--default-model", MODEL, "--grpc-port",
+                                    str(port), "--metrics-port", "-1", "--device", "cpu",
+                                    "--poll-seconds", "0", "--workers", str(args.workers)],
+                        port, Path(tmp))
+        try:
+            wait_serving(server, 120)
+            time.sleep(1.0 if args.workers > 1 else 0.0)  # every worker up
+            pids = _worker_pids(server.proc.pid)
+            out = asyncio.run(run_truncate_scenario(server.target, args.seconds, args.clients,
+                                                    args.seed, args.seed))
+            alive = server.proc.poll() is None and _worker_pids(server.proc.pid) == pids
+            with grpc.insecure_channel(server.target) as ch:
+                try:
+                    pb_grpc.EmbeddingServiceStub(ch).Embed(pb.EmbedRequest(
+                        model=MODEL, token_ids=pb.TokenIds(ids=[1, 2, 3])), timeout=30)
+                except grpc.RpcError:
+                    alive = False
+        finally:
+            server.proc.terminate()
+            server.proc.wait(30)
+    print(f"good answers {out.good_ok} (lost {out.lost}, corrupted {out.corrupted}); careless "
+          f"answers {dict(sorted(out.careless.items()))} over {out.truncations} truncations; "
+          f"workers {'unchanged' if alive else 'DIED'} ({pids})")
+    for line in out.errors:
+        print("  unexpected:", line)
+    ok = out.passed and alive
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
