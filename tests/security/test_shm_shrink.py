@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.soak_shm_truncate import MAX_SEQ_LEN, MODEL, VOCAB, run_truncate_scenario, tables
+from bench.soak.shm_truncate import MAX_SEQ_LEN, MODEL, VOCAB, run_truncate_scenario, tables
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.format.checkpoint import write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
@@ -124,7 +124,7 @@ def _unregister(name: str) -> pb.UnregisterSharedMemoryRequest:
 
 
 def test_truncated_under_load_loses_nothing_for_others(tmp_path: Path) -> None:
-    """The soak's scenario (bench/soak_shm_truncate), 2 s in process: a careless client's
+    """The soak's scenario (bench/soak/shm_truncate), 2 s in process: a careless client's
     objects truncated under load; 0 lost, 0 corrupted good answers; server up."""
     token_table, position_table = tables(3)
     write_checkpoint(tmp_path / MODEL / "1", token_table=token_table,

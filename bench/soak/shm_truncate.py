@@ -1,6 +1,6 @@
 """Soak scenario: shared-memory objects truncated under load by their owner.
 
-    python -m bench.soak_shm_truncate --seconds 20 --clients 4 --workers 2
+    python -m bench.soak.shm_truncate --seconds 20 --clients 4 --workers 2
 
 Against a real ``python -m service --workers W`` on loopback: ``--clients`` good clients
 each own a region and send shared-memory ``Embed`` requests into it back to back, every
@@ -197,7 +197,7 @@ def _worker_pids(parent: int) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Start a server, run the scenario, print the outcome; 0 when it passed."""
-    p = argparse.ArgumentParser(prog="python -m bench.soak_shm_truncate",
+    p = argparse.ArgumentParser(prog="python -m bench.soak.shm_truncate",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--clients", type=int, default=4)
