@@ -75,7 +75,7 @@ def test_shrink_while_queued_fails_only_that_job_of_the_batch(
     """Two requests wait in one batch; the owner of one region shrinks it meanwhile: that
     request fails, its batch-mate gets exact rows."""
     victim, mate = objects(4096), objects(4096)
-    with start(tiny_repo, max_batch_delay_us=300_000) as handle, channel(handle.target) as ch:
+    with start(tiny_repo, max_batch_delay_us=600_000) as handle, channel(handle.target) as ch:
         client = As(ch)
         client.register("victim", victim)
         client.register("mate", mate)
