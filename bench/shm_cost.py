@@ -59,8 +59,9 @@ def write_path(T: int, C: int, runs: int = 500) -> None:
             torch.index_select(table, 0, ids, out=mapped)
             mapped.add_(positions)
 
+        rows = torch.empty(T, C)  # reused, as the server reuses its row buffers
+
         def pwrite() -> None:
-            rows = torch.empty(T, C)
             torch.index_select(table, 0, ids, out=rows)
             rows.add_(positions)
             os.fstat(fd)  # the size check the server makes before each write

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -37,11 +36,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from service.dtypes import BY_TORCH, SAFETENSORS, TABLE_DTYPE_NAMES
+from service.dtypes import BY_TORCH, TABLE_DTYPE_NAMES
 from service.format.rules import Rules
+from service.format.tensorfile import (
+    CheckpointError,
+    check_finite,
+    parse_safetensors,
+    read_private,
+    read_safetensors,
+)
 from service.format.tokenizer import TokenizerSpec
 
 __all__ = [
@@ -80,7 +85,6 @@ FILE_MODE = 0o644
 DIR_MODE = 0o755
 
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")  # a version folder: ASCII digits, no leading 0
-_READ_CHUNK = 4 << 20  # read+hash step: the chunk is hashed while it is still in cache
 _MAX_SIZE = 1 << 31  # bound on vocab_size, table_rows, dim, max_seq_len
 # JSON type of each manifest field (None: may be null); checked before anything is built.
 _MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
@@ -91,10 +95,6 @@ _OPTIONAL_TYPES: dict[str, tuple[type, ...]] = {
     "provenance": (dict, type(None)), "family": (str,), "rules": (dict, type(None)),
     "hidden_size": (int,)}
 
-
-
-class CheckpointError(Exception):
-    """A version directory that must not be served; the message names the file and why."""
 
 
 @dataclass(frozen=True)
@@ -225,108 +225,6 @@ def _sha256_file(path: Path) -> str:
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
-
-
-def read_private(path: Path, sha256: str | None = None) -> np.ndarray:
-    """The whole file, read once into private anonymous memory, its sha256 computed over
-    those very bytes as they arrive (checked against ``sha256`` when given).
-
-    One read, one buffer: what is verified is exactly what is served, and nothing maps the
-    file (a truncation or an in-place rewrite cannot reach it afterwards).
-    """
-    with path.open("rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        # Private anonymous memory (malloc maps it fresh), untouched until read into. Not
-        # asked for in huge pages: measured, MADV_HUGEPAGE's synchronous compaction made
-        # start-up 2-3x slower here and huge pages do not speed the gather up.
-        buf = np.empty(size, dtype=np.uint8)
-        view = buf.data  # a memoryview of the buffer
-        h = hashlib.sha256()
-        at = 0
-        while at < size:
-            n = f.readinto(view[at: at + _READ_CHUNK])
-            if not n:
-                raise CheckpointError(f"{path.name}: shrank to {at} bytes while read "
-                                      f"(expected {size})")
-            h.update(view[at: at + n])
-            at += n
-    if sha256 is not None and h.hexdigest() != sha256:
-        raise CheckpointError(f"{path.name}: sha256 {h.hexdigest()[:16]}… does not match "
-                              f"manifest {sha256[:16]}… (file changed or corrupt)")
-    return buf
-
-
-def read_safetensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors, on one private buffer (``read_private``): no pickle,
-    no map of the file. Every header field is checked before a tensor is built."""
-    buf = read_private(path, sha256)
-    return parse_safetensors(buf, path.name)
-
-
-def parse_safetensors(buf: np.ndarray, where: str) -> dict[str, torch.Tensor]:
-    """Tensors viewing ``buf`` (a whole safetensors file); CheckpointError if malformed."""
-    size = int(buf.shape[0])
-    if size < 8:
-        raise CheckpointError(f"{where}: too short for safetensors")
-    n = int.from_bytes(buf[:8].tobytes(), "little")
-    if n > size - 8:
-        raise CheckpointError(f"{where}: header length {n} past end of file")
-    try:
-        header = json.loads(buf[8: 8 + n].tobytes())
-    except (ValueError, RecursionError) as e:
-        raise CheckpointError(f"{where}: header is not JSON") from e
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{where}: header is a JSON {type(header).__name__}, not an "
-                              f"object")
-    tensors: dict[str, torch.Tensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype, shape, begin, end = _tensor_entry(where, name, info)
-        count = math.prod(shape)
-        if end - begin != count * dtype.itemsize or 8 + n + end > size:
-            raise CheckpointError(f"{where}: {name} offsets do not match its shape")
-        if count == 0:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-            continue
-        flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=8 + n + begin)
-        tensors[name] = flat.view(shape)
-    return tensors
-
-
-def _tensor_entry(where: str, name: str, info: Any) -> tuple[torch.dtype, list[int], int, int]:
-    """(dtype, shape, begin, end) of one header entry, every field type-checked."""
-    if not isinstance(info, dict):
-        raise CheckpointError(f"{where}: header entry {name[:64]!r} is not an object")
-    name_of_dtype = info.get("dtype")
-    dtype = SAFETENSORS.get(name_of_dtype) if isinstance(name_of_dtype, str) else None
-    if dtype is None:
-        raise CheckpointError(f"{where}: {name[:64]} has unsupported dtype "
-                              f"{str(info.get('dtype'))[:32]}")
-    shape, offsets = _ints(info.get("shape")), _ints(info.get("data_offsets"))
-    if shape is None or offsets is None or len(offsets) != 2 or offsets[0] > offsets[1]:
-        raise CheckpointError(f"{where}: {name[:64]} needs shape and data_offsets as lists of "
-                              f"non-negative integers (begin <= end)")
-    return dtype, shape, offsets[0], offsets[1]
-
-
-def _ints(value: Any) -> list[int] | None:
-    """``value`` if it is a list of non-negative JSON integers (not bools), else None."""
-    if not isinstance(value, list) or len(value) > 64:
-        return None
-    if not all(type(x) is int and 0 <= x < 1 << 62 for x in value):
-        return None
-    return value
-
-
-def check_finite(where: str, name: str, table: torch.Tensor) -> None:
-    """CheckpointError if a floating table holds NaN or ±Inf (one pass, no allocation:
-    min and max propagate NaN and reach ±Inf)."""
-    if not table.is_floating_point() or table.numel() == 0:
-        return
-    low, high = torch.aminmax(table)
-    if not (math.isfinite(float(low)) and math.isfinite(float(high))):
-        raise CheckpointError(f"{where}: {name} holds NaN or Inf values")
 
 
 def verify_checkpoint(version_dir: Path, hashed_when_read: tuple[str, ...] = ()

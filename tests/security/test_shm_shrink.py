@@ -15,6 +15,7 @@ import pytest
 
 from bench.soak.shm_truncate import MAX_SEQ_LEN, MODEL, VOCAB, run_truncate_scenario, tables
 from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.format.checkpoint import write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 from service.server import ServerHandle
@@ -74,7 +75,7 @@ def test_shrink_while_queued_fails_only_that_job_of_the_batch(
     """Two requests wait in one batch; the owner of one region shrinks it meanwhile: that
     request fails, its batch-mate gets exact rows."""
     victim, mate = objects(4096), objects(4096)
-    with start(tiny_repo, max_batch_delay_us=300_000) as handle, channel(handle.target) as ch:
+    with start(tiny_repo, max_batch_delay_us=600_000) as handle, channel(handle.target) as ch:
         client = As(ch)
         client.register("victim", victim)
         client.register("mate", mate)
@@ -136,3 +137,28 @@ def test_truncated_under_load_loses_nothing_for_others(tmp_path: Path) -> None:
     assert out.passed, out
     assert out.good_ok > 10
     assert out.truncations > 2
+
+
+def test_reused_row_buffers_never_leak_an_earlier_request(
+        server: ServerHandle, objects: Callable[[int], ShmObject]) -> None:
+    """Row buffers are reused between requests: a padded [B, T, C] answer after a larger
+    one still has zero padding, not the earlier request's rows."""
+    obj = objects(8192)
+    with channel(server.target) as ch:
+        client = As(ch)
+        client.register("reuse", obj)
+        for _ in range(3):  # fill (and hand back) buffers with non-zero rows
+            client.embed_into("reuse", ids=list(range(1, 61)))
+        request = oip.ModelInferRequest(model_name="tiny", inputs=[
+            oip.ModelInferRequest.InferInputTensor(name="text", datatype="BYTES", shape=[2])])
+        request.inputs[0].contents.bytes_contents.extend([b"hello world", b"a"])
+        out = request.outputs.add(name="embeddings")
+        out.parameters["shared_memory_region"].string_param = "reuse"
+        out.parameters["shared_memory_offset"].int64_param = 4096
+        client("oip", "ModelInfer", request)  # lengths 2 and 1: one padding row
+        row = DIM * 4
+        data = obj.read(4096, 4 * row)  # [2, 2, C]
+        assert data[:2 * row] == expected_rows([31373, 995])
+        assert data[2 * row: 3 * row] == expected_rows([64])
+        assert data[3 * row:] == b"\0" * row
+        client("native", "UnregisterSharedMemory", _unregister("reuse"))
