@@ -46,6 +46,7 @@ from service.format.tensorfile import (
     parse_safetensors,
     read_private,
     read_safetensors,
+    sha256_file,
 )
 from service.format.tokenizer import TokenizerSpec
 
@@ -219,14 +220,6 @@ def _check_manifest_types(d: Any, where: str) -> None:
                                   f"sha256 hex digest)")
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verify_checkpoint(version_dir: Path, hashed_when_read: tuple[str, ...] = ()
                       ) -> tuple[Manifest, str]:
     """Check the manifest, that the folder holds exactly its files, and every listed file's
@@ -249,7 +242,7 @@ def verify_checkpoint(version_dir: Path, hashed_when_read: tuple[str, ...] = ()
             raise CheckpointError(f"{path}: listed in the manifest but missing")
         if name in hashed_when_read:
             continue
-        got = _sha256_file(path)
+        got = sha256_file(path)
         if got != want:
             raise CheckpointError(f"{path}: sha256 {got[:16]}… does not match manifest "
                                   f"{want[:16]}… (file changed or corrupt)")
@@ -401,7 +394,7 @@ def write_checkpoint(
         if model_tensors:
             rest = {k: v.detach().contiguous().cpu() for k, v in model_tensors.items()}
             save_file(rest, str(tmp / MODEL_FILE))
-        files = {p.name: _sha256_file(p) for p in sorted(tmp.iterdir())}
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
         spec = None if tokenizer_spec is None else TokenizerSpec(
             file=tokenizer_spec.file, encoding=tokenizer_spec.encoding,
             pat_str=tokenizer_spec.pat_str, special_tokens=dict(tokenizer_spec.special_tokens),

@@ -20,14 +20,30 @@ import torch
 
 from service.dtypes import SAFETENSORS
 
-__all__ = ["CheckpointError", "check_finite", "parse_safetensors", "read_private",
-           "read_safetensors"]
+__all__ = [
+    "CheckpointError",
+    "check_finite",
+    "parse_safetensors",
+    "read_private",
+    "read_safetensors",
+    "sha256_file",
+]
 
 _READ_CHUNK = 4 << 20  # read+hash step: the chunk is hashed while it is still in cache
 
 
 class CheckpointError(Exception):
     """A version directory that must not be served; the message names the file and why."""
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MB chunks (files that are not tables: manifests,
+    tokenizers, sources an importer reads)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_READ_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def read_private(path: Path, sha256: str | None = None) -> np.ndarray:

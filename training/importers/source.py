@@ -6,7 +6,6 @@ safetensors files); ``SourceTables`` is what every importer hands the writer.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from service.format.rules import Rules
+from service.format.tensorfile import sha256_file  # re-exported: one file hash for the project
 
 __all__ = ["ImporterError", "SafetensorsDir", "SourceTables", "check_shape", "config_int",
            "resolve_names", "sha256_file"]
@@ -74,15 +74,6 @@ def check_shape(where: str, name: str, shape: Sequence[int], expected: tuple[int
     if tuple(shape) != expected:
         raise ImporterError(f"{where}: {name} has shape {tuple(shape)}, expected "
                             f"{expected} = {meaning}")
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 4 MB chunks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def config_int(config: Mapping[str, Any], keys: Sequence[str], where: str) -> int:
