@@ -40,19 +40,11 @@ from typing import Any
 import grpc
 
 from bench.servers import free_port, wait_serving
+from bench.soak import slow as slowly
 from bench.soak.oracle import Oracle
 from bench.soak.report import format_summary, latency_windows, plot_soak
 from bench.soak.requests import RequestMaker
 from bench.soak.server import ROOT, VOCAB_SIZE, Publisher, launch, tree_rss_mb, worker_pids
-from bench.soak.slow import (
-    WIDE_MODEL,
-    WIDE_VOCAB,
-    SlowReader,
-    SlowTally,
-    add_slow_args,
-    rss_during,
-    slow_summary,
-)
 from bench.soak.traffic import AttemptCounter, SoakClient, Tally
 from bench.window import percentile
 from client.retry import RetryPolicy
@@ -86,7 +78,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra flag for python -m service (repeatable)")
-    add_slow_args(p)
+    slowly.add_slow_args(p)
     args = p.parse_args(argv)
     if args.kill_at and args.workers < 2:
         p.error("--kill-at needs --workers >= 2 (the parent restarts a killed worker)")
@@ -114,11 +106,11 @@ class _Run:
         self.publisher = Publisher(root, self.oracle, args.dim, args.max_seq_len)
         self.publisher.publish()  # version 1, before the server starts
         # The slow readers' model: ids only, wide rows and long sequences (large answers).
-        self.wide_oracle = Oracle(args.slow_tokens, tokenizer.encode, WIDE_MODEL)
+        self.wide_oracle = Oracle(args.slow_tokens, tokenizer.encode, slowly.WIDE_MODEL)
         if args.slow_readers:
-            Publisher(root, self.wide_oracle, args.slow_dim, args.slow_tokens, WIDE_MODEL,
-                      WIDE_VOCAB, tokenizer=False).publish()
-        self.slow = SlowTally()
+            Publisher(root, self.wide_oracle, args.slow_dim, args.slow_tokens,
+                      slowly.WIDE_MODEL, slowly.WIDE_VOCAB, tokenizer=False).publish()
+        self.slow = slowly.SlowTally()
         self.port = free_port()
         self.server = launch(root, self.port, args.workers, args.poll_seconds, args.server_arg)
         self.tally = Tally()
@@ -191,11 +183,12 @@ async def _drive(run: _Run) -> None:
                           run.tally, args.invalid) for i in range(args.clients)]
     run.slow.t0 = run.tally.t0
     run.sample()  # t = 0: a baseline before any traffic
-    slow = [SlowReader(i, target, RetryPolicy(), run.wide_oracle, run.slow, args,
-                       random.Random(args.seed * 31 + i)) for i in range(args.slow_readers)]
+    readers = [slowly.SlowReader(i, target, RetryPolicy(), run.wide_oracle, run.slow, args,
+                                 random.Random(args.seed * 31 + i))
+               for i in range(args.slow_readers)]
     tasks = [asyncio.create_task(c.run(until, random.Random(args.seed * 7919 + i)))
              for i, c in enumerate(clients)]
-    tasks += [asyncio.create_task(r.run(until)) for r in slow]
+    tasks += [asyncio.create_task(r.run(until)) for r in readers]
     pending = _schedule(args)
     next_progress = args.progress
     while not all(t.done() for t in tasks):
@@ -214,7 +207,7 @@ async def _drive(run: _Run) -> None:
     run.counter.sample()
     for c in clients:
         await c.close()
-    for r in slow:
+    for r in readers:
         await r.close()
 
 
@@ -242,9 +235,10 @@ def _report(run: _Run, final: list[int], exit_code: int | None) -> dict[str, Any
                                             " ERROR ", "started "))]
     pub = run.publisher
     budgets = parse_config([*args.server_arg, "--model-repository", str(run.root)])
-    slow = slow_summary(run.slow, budgets.max_stream_buffer_bytes, budgets.max_unsent_bytes,
-                        args.slow_readers, args.slow_tokens * args.slow_dim * 4,
-                        rss_during(run.slow.stretches, run.rss, run.events))
+    slow = slowly.slow_summary(
+        run.slow, budgets.max_stream_buffer_bytes, budgets.max_unsent_bytes, args.slow_readers,
+        args.slow_tokens * args.slow_dim * 4,
+        slowly.rss_during(run.slow.stretches, run.rss, run.events))
     checks = {
         "lost": t.lost, "corrupted": t.corrupted, "wrong_code": t.wrong_code,
         "failed_valid": sum(t.failures.values()),
