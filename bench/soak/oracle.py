@@ -37,8 +37,9 @@ class PublishedVersion:
 class Oracle:
     """Published versions by checkpoint_id; ``check_*`` return None or what is wrong."""
 
-    def __init__(self, max_seq_len: int, encode: Callable[[str, bool], list[int]]) -> None:
-        self.max_seq_len = max_seq_len
+    def __init__(self, max_seq_len: int, encode: Callable[[str, bool], list[int]],
+                 model: str = MODEL) -> None:
+        self.max_seq_len, self.model = max_seq_len, model
         self.encode = encode
         self.versions: dict[str, PublishedVersion] = {}
 
@@ -73,9 +74,9 @@ class Oracle:
         v = self.versions.get(checkpoint_id)
         if v is None:
             return f"checkpoint_id {checkpoint_id[:16]} was never published"
-        if model != MODEL or version != v.version:
+        if model != self.model or version != v.version:
             return (f"answer names {model}/{version} but checkpoint_id {checkpoint_id[:12]} "
-                    f"is {MODEL}/{v.version}")
+                    f"is {self.model}/{v.version}")
         return v
 
     def _tensor(self, t: pb.Tensor, v: PublishedVersion, parts: list[tuple[list[int], int]],

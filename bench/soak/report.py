@@ -9,7 +9,7 @@ from typing import Any
 from bench.window import percentile
 from training.plot import pyplot
 
-__all__ = ["format_summary", "latency_windows", "plot_soak"]
+__all__ = ["format_slow", "format_summary", "latency_windows", "plot_soak"]
 
 
 def latency_windows(latencies: Sequence[tuple[float, float, str]], seconds: float,
@@ -43,6 +43,9 @@ def plot_soak(report: Mapping[str, Any], path: Path) -> Path:
     ax2.set_ylim(bottom=0)
     ax2.legend(loc="lower right")
     colors = {"publish": "#9467bd", "bad": "#ff7f0e", "kill": "#000000", "restarted": "#7f7f7f"}
+    for st in report.get("slow_reader", {}).get("rss", []):  # slow readers holding back
+        ax2.axvspan(st["start"], st["end"], color="#ffbb78" if st["clean"] else "#dddddd",
+                    alpha=0.4, lw=0)
     for ev in report["events"]:
         for ax in (ax1, ax2):
             ax.axvline(ev["t"], color=colors.get(ev["kind"], "#333333"), ls="--", lw=1)
@@ -81,9 +84,26 @@ def format_summary(report: Mapping[str, Any]) -> str:
         f"server RSS: start {rss['start_mb']:.0f} MB, end {rss['end_mb']:.0f} MB, "
         f"min {rss['min_mb']:.0f}, max {rss['max_mb']:.0f} MB",
     ]
+    if report.get("slow_reader", {}).get("readers"):
+        lines.append(format_slow(report["slow_reader"]))
     lines += [f"event t={ev['t']:.1f}s {ev['label']}" for ev in report["events"]]
     lines += [f"server: {line}" for line in report["server_log"]]
     lines += [f"problem: {p}" for p in report["problems"]]
     lines.append("verdict: " + ("PASS" if report["passed"] else "FAIL") + " "
                  + ", ".join(f"{k}={v}" for k, v in report["checks"].items()))
     return "\n".join(lines)
+
+
+def format_slow(s: Mapping[str, Any]) -> str:
+    """The slow readers' line: their answers, and the server's RSS while they held back."""
+    growth = "n/a (no clean stretch)" if s["max_growth_mb"] is None else \
+        f"+{s['max_growth_mb']:.0f} MB"
+    return (f"slow readers {s['readers']}: {s['stretches']} stretches, {s['requests']} "
+            f"requests of {s['answer_mib']:.2f} MiB answers, answered {s['answered']}, "
+            f"lost {s['lost']}, corrupted {s['corrupted']}, failed {s['failed']}"
+            f"{' ' + str(s['failures_by_code']) if s['failures_by_code'] else ''}, "
+            f"resumes {s['resumes']}; server RSS while "
+            f"holding: max {s['rss_max_mb'] or 0:.0f} MB, growth over {s['clean_stretches']} "
+            f"clean stretches {growth} (bound {s['bound_mb']:.0f} MB: budget "
+            f"{s['per_stream_budget_mib']:.0f} MiB/stream, {s['total_budget_mib']:.0f} MiB "
+            f"total; unpaced window {s['unpaced_mib']:.0f} MiB)")

@@ -8,13 +8,17 @@ policy on their channels; every valid answer is checked bit for bit against the 
 the version it names (bench/soak/oracle.py). Meanwhile, at fixed fractions of the run:
 new versions are published (``--versions``), a version with a corrupted file is dropped
 in (``--bad``), and one worker is SIGKILLed (``--kill-at``) for the parent to restart.
-The server polls the repository every ``--poll-seconds``.
+The server polls the repository every ``--poll-seconds``. ``--slow-readers`` clients
+(bench/soak/slow.py) hold EmbedStreams of 1 MiB answers unread for long stretches beside
+them: their answers must still all arrive exact, and the server's RSS stay within what
+its stream budget allows.
 
 Prints progress every ``--progress`` seconds, then the summary; writes
 ``<out>/soak.json``, ``<out>/soak.png`` (p50/p99 and server RSS over time) and the
 server's log ``<out>/soak-server.log``; the temporary model repository is removed. Exits 1
-unless lost = corrupted = wrong codes = failed valid requests = 0, no bad version was
-served, the last good version is served at the end, and the killed worker came back.
+unless lost = corrupted = wrong codes = failed valid requests = 0 (for the slow readers
+too), no bad version was served, the last good version is served at the end, the killed
+worker came back, and no clean slow-reader stretch grew the RSS past its bound.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 import grpc
 
 from bench.servers import free_port, wait_serving
+from bench.soak import slow as slowly
 from bench.soak.oracle import Oracle
 from bench.soak.report import format_summary, latency_windows, plot_soak
 from bench.soak.requests import RequestMaker
@@ -45,6 +50,7 @@ from bench.window import percentile
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from service.config import parse_config
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from training.plot import PlotsUnavailable
 
@@ -72,6 +78,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra flag for python -m service (repeatable)")
+    slowly.add_slow_args(p)
     args = p.parse_args(argv)
     if args.kill_at and args.workers < 2:
         p.error("--kill-at needs --workers >= 2 (the parent restarts a killed worker)")
@@ -98,6 +105,12 @@ class _Run:
         self.encode = tokenizer.encode
         self.publisher = Publisher(root, self.oracle, args.dim, args.max_seq_len)
         self.publisher.publish()  # version 1, before the server starts
+        # The slow readers' model: ids only, wide rows and long sequences (large answers).
+        self.wide_oracle = Oracle(args.slow_tokens, tokenizer.encode, slowly.WIDE_MODEL)
+        if args.slow_readers:
+            Publisher(root, self.wide_oracle, args.slow_dim, args.slow_tokens,
+                      slowly.WIDE_MODEL, slowly.WIDE_VOCAB, tokenizer=False).publish()
+        self.slow = slowly.SlowTally()
         self.port = free_port()
         self.server = launch(root, self.port, args.workers, args.poll_seconds, args.server_arg)
         self.tally = Tally()
@@ -153,7 +166,8 @@ class _Run:
               f"answered {t.answered} failed {sum(t.failures.values())} wrong-code "
               f"{t.wrong_code} lost {t.lost} corrupted {t.corrupted} retries "
               f"{self.counter.retries} "
-              f"resumes {t.stream_resumes} versions {dict(sorted(t.versions.items()))} "
+              f"resumes {t.stream_resumes} slow answered {self.slow.answered}/"
+              f"{self.slow.requests} versions {dict(sorted(t.versions.items()))} "
               f"rss {self.rss[-1]['total_mb'] if self.rss else 0:.0f} MB", flush=True)
 
 
@@ -167,8 +181,14 @@ async def _drive(run: _Run) -> None:
                           RequestMaker(random.Random(args.seed * 1000 + i), VOCAB_SIZE,
                                        args.max_seq_len, run.encode),
                           run.tally, args.invalid) for i in range(args.clients)]
+    run.slow.t0 = run.tally.t0
+    run.sample()  # t = 0: a baseline before any traffic
+    readers = [slowly.SlowReader(i, target, RetryPolicy(), run.wide_oracle, run.slow, args,
+                                 random.Random(args.seed * 31 + i))
+               for i in range(args.slow_readers)]
     tasks = [asyncio.create_task(c.run(until, random.Random(args.seed * 7919 + i)))
              for i, c in enumerate(clients)]
+    tasks += [asyncio.create_task(r.run(until)) for r in readers]
     pending = _schedule(args)
     next_progress = args.progress
     while not all(t.done() for t in tasks):
@@ -187,6 +207,8 @@ async def _drive(run: _Run) -> None:
     run.counter.sample()
     for c in clients:
         await c.close()
+    for r in readers:
+        await r.close()
 
 
 def _final_versions(target: str, n: int = 4) -> list[int]:
@@ -212,6 +234,11 @@ def _report(run: _Run, final: list[int], exit_code: int | None) -> dict[str, Any
                  if any(k in line for k in ("restart", "refused", "loaded model", "Traceback",
                                             " ERROR ", "started "))]
     pub = run.publisher
+    budgets = parse_config([*args.server_arg, "--model-repository", str(run.root)])
+    slow = slowly.slow_summary(
+        run.slow, budgets.max_stream_buffer_bytes, budgets.max_unsent_bytes, args.slow_readers,
+        args.slow_tokens * args.slow_dim * 4,
+        slowly.rss_during(run.slow.stretches, run.rss, run.events))
     checks = {
         "lost": t.lost, "corrupted": t.corrupted, "wrong_code": t.wrong_code,
         "failed_valid": sum(t.failures.values()),
@@ -222,12 +249,16 @@ def _report(run: _Run, final: list[int], exit_code: int | None) -> dict[str, Any
         "killed_worker_restarted": run.killed is None
         or "serving_again" in {e["kind"] for e in run.events},
         "server_exit_code": exit_code,
+        "slow_lost": slow["lost"], "slow_corrupted": slow["corrupted"],
+        "slow_failed": slow["failed"], "slow_rss_within_bound": slow["within_bound"],
     }
     passed = (checks["lost"] == checks["corrupted"] == checks["wrong_code"]
               == checks["failed_valid"] == checks["bad_versions_answered"] == 0
               and bool(checks["bad_versions_refused"])
               and bool(checks["final_version_is_last_good"])
-              and bool(checks["killed_worker_restarted"]) and exit_code == 0)
+              and bool(checks["killed_worker_restarted"]) and exit_code == 0
+              and slow["lost"] == slow["corrupted"] == slow["failed"] == 0
+              and slow["within_bound"] is not False)
     codes = {f"{rpc} {code} {'valid' if v else 'invalid'}": n
              for (rpc, code, v), n in sorted(t.codes.items())}
     return {
@@ -247,7 +278,8 @@ def _report(run: _Run, final: list[int], exit_code: int | None) -> dict[str, Any
         "rss_summary": {"start_mb": rss[0] if rss else 0, "end_mb": rss[-1] if rss else 0,
                         "min_mb": min(rss, default=0), "max_mb": max(rss, default=0)},
         "events": run.events, "published": {"good": pub.good, "bad": pub.bad},
-        "final_versions": final, "server_log": log_lines[:40], "problems": t.problems,
+        "final_versions": final, "server_log": log_lines[:40],
+        "problems": t.problems + run.slow.problems, "slow_reader": slow,
         "checks": checks, "passed": passed,
     }
 

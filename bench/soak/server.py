@@ -30,31 +30,36 @@ VOCAB_SIZE = 50257
 
 
 class Publisher:
-    """Writes good and bad versions of model ``soak`` into ``root/models``."""
+    """Writes good and bad versions of ``model`` into ``root/models``: GPT-2's tokenizer and
+    vocabulary, or ids only (``tokenizer=False``) over ``vocab_size`` rows."""
 
-    def __init__(self, root: Path, oracle: Oracle, dim: int, max_seq_len: int) -> None:
+    def __init__(self, root: Path, oracle: Oracle, dim: int, max_seq_len: int,
+                 model: str = MODEL, vocab_size: int = VOCAB_SIZE,
+                 tokenizer: bool = True) -> None:
         self.models = root / "models"
-        self.staging = root / "staging"
+        self.staging = root / "staging" / model
         self.oracle, self.dim, self.max_seq_len = oracle, dim, max_seq_len
+        self.model, self.vocab_size, self.tokenizer = model, vocab_size, tokenizer
         self.next_version = 1
         self.good: list[int] = []
         self.bad: list[int] = []
 
     def _write(self, version: int) -> tuple[Path, str, torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(1000 + version)  # distinct tables per version
-        token_table = torch.randn(VOCAB_SIZE, self.dim, generator=gen)  # (vocab, C)
+        token_table = torch.randn(self.vocab_size, self.dim, generator=gen)  # (vocab, C)
         position_table = torch.randn(self.max_seq_len, self.dim, generator=gen)  # (L, C)
         out = self.staging / str(version)
         write_checkpoint(out, token_table=token_table, position_table=position_table,
                          position="learned", max_seq_len=self.max_seq_len,
-                         vocab_size=VOCAB_SIZE, tokenizer_spec=gpt2_spec(),
-                         tokenizer_ranks=default_ranks_path(),
+                         vocab_size=self.vocab_size,
+                         tokenizer_spec=gpt2_spec() if self.tokenizer else None,
+                         tokenizer_ranks=default_ranks_path() if self.tokenizer else None,
                          provenance={"source": "bench.soak", "version": version})
         checkpoint_id = hashlib.sha256((out / MANIFEST_FILE).read_bytes()).hexdigest()
         return out, checkpoint_id, token_table, position_table
 
     def _place(self, staged: Path, version: int) -> None:
-        target = self.models / MODEL / str(version)
+        target = self.models / self.model / str(version)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(staged, target)  # atomic on one filesystem
 
