@@ -6,7 +6,6 @@ import asyncio
 
 from service.config import parse_config
 from service.logs import setup_logging
-from service.server import serve
 from service.workers import run_workers
 
 __all__ = ["main"]
@@ -19,6 +18,8 @@ def main(argv: list[str] | None = None) -> None:
     if config.workers > 1:
         run_workers(config)
         return
+    from service.server import serve  # the one-process path: the workers' parent never needs it
+
     asyncio.run(serve(config))
 
 

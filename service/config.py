@@ -12,7 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from service.dtypes import TABLE_DTYPE_NAMES
+from genproto.embedding.v1 import embedding_pb2 as pb
+
+# The storage dtypes, named from the generated enum as service/dtypes.py names them (that
+# module imports torch, which the workers' supervising parent never loads).
+TABLE_DTYPE_NAMES = tuple(name.removeprefix("DTYPE_").lower() for name, _ in pb.DType.items())
 
 __all__ = ["ServerConfig", "parse_config"]
 

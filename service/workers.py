@@ -34,7 +34,6 @@ from types import FrameType
 
 from service.config import ServerConfig
 from service.logs import setup_logging
-from service.server import serve
 
 __all__ = ["RestartBudget", "RestartPolicy", "describe_exit", "run_workers"]
 
@@ -87,6 +86,9 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 def _worker(config: ServerConfig, index: int) -> None:
+    # Imported here, in the worker: the parent supervises and never loads torch (~250 MB).
+    from service.server import serve
+
     setup_logging(config)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     asyncio.run(serve(config))
