@@ -7,17 +7,5 @@ set -euo pipefail
 if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && command -v curl >/dev/null 2>&1; then
   exit 0
 fi
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install_chromium: chromium/chromedriver/curl missing and not root; run: sudo $0" >&2
-  exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
-if ! { apt-get update -qq &&
-       apt-get install -y -qq --no-install-recommends chromium chromium-driver curl; } \
-    >"$log" 2>&1; then
-  cat "$log" >&2
-  exit 1
-fi
+"$(dirname "$0")/apt_install.sh" install_chromium chromium chromium-driver curl
 echo "install_chromium: $(/usr/bin/chromium --version 2>/dev/null | head -n 1)"

@@ -7,20 +7,6 @@ set -euo pipefail
 if command -v dockerd >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then
   exit 0
 fi
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install_docker: dockerd/debootstrap missing and not root; run: sudo $0" >&2
-  exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
-# Quiet on success; on failure show apt's own words. --no-install-recommends: no docker
-# compose/buildx extras, no man pages' dependencies.
-if ! { apt-get update -qq \
-       && apt-get install -y -qq --no-install-recommends docker.io debootstrap; } \
-    >"$log" 2>&1; then
-  cat "$log" >&2
-  exit 1
-fi
+"$(dirname "$0")/apt_install.sh" install_docker docker.io debootstrap
 command -v dockerd >/dev/null
 echo "install_docker: $(dockerd --version), debootstrap $(dpkg-query -W -f='${Version}' debootstrap)"
