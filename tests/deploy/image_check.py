@@ -233,12 +233,12 @@ def serve_checks(report: Report, image: str, label: str, work: Path) -> None:
     name = f"embed-image-test-{os.getpid()}"
     # docs/deploy.md's command, with the host network on loopback (no -p) and a read-only
     # root filesystem: /tmp (HOME) is the only place written.
-    # HTTP front (port 8000, --http-port): when it exists, add -e EMBED_HTTP_PORT=<free port>
-    # here and its check at "HTTP front" below.
+    http_port = free_port()  # the REST front (--http-port), on a free port: host network
     argv = ["run", "-d", "--name", name, "--label", label, "--network", "host",
             "--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev,size=64m",
             "-v", f"{repo}:/models:ro",
             "-e", "EMBED_HOST=127.0.0.1", "-e", f"EMBED_GRPC_PORT={grpc_port}",
+            "-e", f"EMBED_HTTP_PORT={http_port}",
             "-e", f"EMBED_METRICS_PORT={metrics_port}", image, "--poll-seconds", "30"]
     report.step("docker " + " ".join(argv))
     t_run = time.monotonic()
@@ -279,8 +279,27 @@ def serve_checks(report: Report, image: str, label: str, work: Path) -> None:
 
         report.attempt("native Embed (project client) bit-exact", embed)
         report.attempt("OIP ModelInfer bit-exact", model_infer)
-        # --- HTTP front (port 8000, --http-port): add its check here once it exists, e.g.
-        # report.attempt("HTTP embed bit-exact", http_embed) comparing with reference(...).
+
+        def http_infer() -> str:
+            body = json.dumps({
+                "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, len(IDS)],
+                            "data": IDS}],
+                "parameters": {"binary_data_output": True}}).encode()
+            url = f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/infer"
+            req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                header_len = int(r.headers["Inference-Header-Content-Length"])
+                data = r.read()
+            header = json.loads(data[:header_len])
+            out = header["outputs"][0]
+            assert (out["name"], out["datatype"], out["shape"]) == (
+                "embeddings", "FP32", [1, len(IDS), DIM]), out
+            size = out["parameters"]["binary_data_size"]
+            rows = data[header_len:header_len + size]
+            assert rows == reference(repo, IDS, 0), "bytes differ"
+            return f"REST infer [1x{len(IDS)}x{DIM}] FP32, binary output: bit-exact"
+
+        report.attempt("HTTP (REST v2) infer bit-exact", http_infer)
 
         def metrics() -> str:
             url = f"http://127.0.0.1:{metrics_port}/metrics"
