@@ -92,7 +92,7 @@ def load_model(name: str, version_dir: Path, device: torch.device,
                                   f"{m.max_seq_len} x dim {m.dim} is too large")
         position_table = sinusoidal_table(m.max_seq_len, m.dim)  # (max_seq_len, C)
     tables = EmbeddingTables(ckpt.token_table, position_table, device, table_dtype,
-                             m.rules, ckpt.rule_tensors)
+                             m.rules, ckpt.rule_tensors, ckpt.token_max_abs)
     untrained = None if ckpt.row_updates is None else ckpt.row_updates == 0  # (rows,)
     return LoadedModel(name, int(version_dir.name), ckpt, tokenizer, tables, untrained)
 

@@ -81,8 +81,10 @@ class EmbeddingTables:
     def __init__(self, token_table: torch.Tensor, position_table: torch.Tensor | None,
                  device: torch.device, table_dtype: torch.dtype | None = torch.float32,
                  rules: Rules | None = None,
-                 rule_tensors: dict[str, torch.Tensor] | None = None) -> None:
-        """``table_dtype`` None keeps the stored dtype (a bf16 table stays a memory map)."""
+                 rule_tensors: dict[str, torch.Tensor] | None = None,
+                 token_max_abs: float | None = None) -> None:
+        """``table_dtype`` None keeps the stored dtype; ``token_max_abs``: the stored
+        table's largest |value| when the loader already read it."""
         self.device = device
         dtype = table_dtype or token_table.dtype
         self.dim = int(token_table.shape[1])  # width of the token rows
@@ -99,7 +101,9 @@ class EmbeddingTables:
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
         # Largest |value| of each table, read once at load: what a request's output dtype
         # must be able to hold (validation.check_dtype_range refuses float16 past 65504).
-        self.token_max_abs = _max_abs(self.token_table)
+        self.token_max_abs = (token_max_abs if token_max_abs is not None
+                              and self.token_table.dtype == token_table.dtype
+                              else _max_abs(self.token_table))
         self.position_max_abs = (0.0 if self.position_table is None
                                  else _max_abs(self.position_table))
 

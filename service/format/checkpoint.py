@@ -105,6 +105,7 @@ class Checkpoint:
     row_updates: torch.Tensor | None  # (table_rows,) int64: steps that touched each row
     # The rules' own tensors (service.format.rules.RULE_TENSORS), e.g. layernorm_weight.
     rule_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    token_max_abs: float | None = None  # largest |value| of the token table, read at load
 
     @property
     def tokenizer_path(self) -> Path | None:
@@ -174,7 +175,7 @@ def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
         position_table = position_table[offset:]  # a view: row p is position p
     else:
         position_table = None
-    check_finite(EMBEDDINGS_FILE, "token_embedding", token_table)
+    token_max_abs = check_finite(EMBEDDINGS_FILE, "token_embedding", token_table)
     if position_table is not None:
         check_finite(EMBEDDINGS_FILE, "position_embedding", position_table)
     rule_tensors = {}
@@ -191,7 +192,7 @@ def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
         if row_updates is None or tuple(row_updates.shape) != (m.table_rows,):
             raise CheckpointError(f"{ROW_UPDATES_FILE}: token_row_updates must be [table_rows]")
     return Checkpoint(version_dir, manifest, checkpoint_id, token_table, position_table,
-                      row_updates, rule_tensors)
+                      row_updates, rule_tensors, token_max_abs)
 
 
 def list_versions(model_dir: Path) -> list[int]:
