@@ -1,19 +1,27 @@
-"""The HTTP front against an HTTP ceiling on the same library, in one run.
+"""The HTTP front against an HTTP ceiling and a lookup floor on the same library, in one run.
 
     .venv/bin/python -m bench.http [--seconds 2] [--rounds 3] [--out bench/results]
 
 Rows: POST /v2/models/<m>/infer with binary output, T ∈ {16, 1024}, FP32/BF16, c ∈ {1,
-16} concurrent requests (C = 768, GPT-2's width), each beside the ceiling: an aiohttp
-low-level server (the library the front uses) in its own process that reads the request
-body and answers with the service's own response bytes for that cell, captured once
-before the run (same size, same headers), so the ratio is what the service adds over
-HTTP itself. The JSON-output path (FP32; FP16/BF16 do not travel as JSON) runs beside it
-so the cost of JSON numbers is visible. Client: aiohttp with keep-alive connections, in
-this process; service and ceiling each run in their own process with the entrypoint's
-``GLIBC_TUNABLES``. Per cell: rounds of ``--seconds`` each, in turn (service, ceiling),
-after a warm-up; the table gives the median over rounds of each round's throughput and
-median latency, and the median of the rounds' service ÷ ceiling throughput (paired per
-round). Writes ``<out>/http.json``.
+16} concurrent requests (C = 768, GPT-2's width), each beside two servers on aiohttp (the
+library the front uses), each in its own process:
+
+- the ceiling: a low-level server that reads the request body and answers with the
+  service's own response bytes for that cell, captured once before the run (same size,
+  same headers), so service ÷ ceiling is what the service adds over HTTP itself;
+- the floor: the ceiling's server plus the one piece of work no embedding service can
+  skip, the lookup: the service's tables and ``embed_into`` writing the cell's rows into
+  a response body allocated as the service allocates it, on the loop; no parsing,
+  admission, batching or frame. Floor ÷ ceiling is what the lookup alone costs, on this
+  machine, at that load: the service ÷ ceiling ratio cannot pass it by doing less HTTP.
+
+The JSON-output path (FP32; FP16/BF16 do not travel as JSON) runs beside it so the cost of
+JSON numbers is visible. Client: aiohttp with keep-alive connections, in this process;
+every server runs with the entrypoint's ``GLIBC_TUNABLES``. Per cell: rounds of
+``--seconds`` each, the sides in turn (service, floor, ceiling), after a warm-up; the table
+gives the median over rounds of each round's throughput and median latency, and the
+medians of the rounds' service ÷ ceiling and floor ÷ ceiling throughput (paired per round).
+Writes ``<out>/http.json``.
 """
 
 from __future__ import annotations
@@ -33,9 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
-__all__ = ["Cell", "main", "run_ceiling"]
+__all__ = ["Cell", "cell_ids", "cells", "main", "request_body"]
 
 C, MAX_SEQ_LEN, MODEL = 768, 1024, "bench"
 TUNABLES = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=536870912"
@@ -64,38 +71,20 @@ def cells() -> list[Cell]:
     return out + [Cell(T, "FP32", c, "json") for T in (16, 1024) for c in (1, 16)]
 
 
+def cell_ids(T: int) -> list[int]:
+    """A cell's token ids: spread over the whole table, as real text's are."""
+    return [(i * 7919) % 50257 for i in range(T)]
+
+
 def request_body(cell: Cell) -> bytes:
     """The infer request of a cell: T ids as JSON, the output binary or JSON."""
-    ids = [(i * 7919) % 50257 for i in range(cell.T)]
+    ids = cell_ids(cell.T)
     return json.dumps({
         "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, cell.T],
                     "data": ids}],
         "parameters": {"datatype": cell.datatype},
         "outputs": [{"name": "embeddings",
                      "parameters": {"binary_data": cell.output == "binary"}}]}).encode()
-
-
-# -- the ceiling: the same library, pre-built responses ------------------------------------
-
-def run_ceiling(port: int, responses: Path) -> None:
-    """Serve each captured response at /<cell name> on ``port`` until killed."""
-    prebuilt: dict[str, tuple[bytes, dict[str, str]]] = {}
-    for meta in responses.glob("*.json"):
-        headers = json.loads(meta.read_text())
-        prebuilt["/" + meta.stem] = (meta.with_suffix(".bin").read_bytes(), headers)
-
-    async def handle(request: web.BaseRequest) -> web.StreamResponse:
-        await request.read()  # the request is read, as the service reads it
-        body, headers = prebuilt[request.path]
-        return web.Response(body=body, headers=headers)
-
-    async def serve() -> None:
-        server = web.Server(handle, access_log=None)
-        await asyncio.get_running_loop().create_server(server, "127.0.0.1", port)
-        print("ceiling ready", flush=True)
-        await asyncio.Event().wait()
-
-    asyncio.run(serve())
 
 
 # -- load ---------------------------------------------------------------------------------
@@ -194,77 +183,90 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", default="", help="cells whose name contains this")
     p.add_argument("--server-args", default="", help="more flags for the service, e.g. "
                    "'--max-batch-tokens 4096'")
-    p.add_argument("--ceiling-server", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--responses", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.ceiling_server is not None:
-        run_ceiling(args.ceiling_server, args.responses)
-        return
     todo = [cell for cell in cells() if args.only in cell.name]
     with tempfile.TemporaryDirectory(prefix="bench-http-") as tmp:
         root = Path(tmp)
         _model(root / "models")
-        (root / "responses").mkdir()
-        port, ceiling_port = _free_port(), _free_port()
-        service = _spawn(["-m", "service", "--model-repository", str(root / "models"),
-                          "--host", "127.0.0.1", "--grpc-port", str(_free_port()),
-                          "--http-port", str(port), "--metrics-port", "-1", "--device",
-                          "cpu", "--poll-seconds", "0", "--no-ui", *args.server_args.split()],
-                         " serving ")
-        ceiling = None
+        responses = root / "responses"
+        responses.mkdir()
+        ports = {side: _free_port() for side in SIDES}
+        procs: dict[str, subprocess.Popen[str]] = {}
         try:
-            _capture(port, todo, root / "responses")
-            ceiling = _spawn(["-m", "bench.http", "--ceiling-server", str(ceiling_port),
-                              "--responses", str(root / "responses")], "ceiling ready")
-            rows = asyncio.run(_measure(todo, (port, service.pid),
-                                        (ceiling_port, ceiling.pid), args.seconds,
-                                        args.rounds))
+            procs["service"] = _spawn(
+                ["-m", "service", "--model-repository", str(root / "models"), "--host",
+                 "127.0.0.1", "--grpc-port", str(_free_port()), "--http-port",
+                 str(ports["service"]), "--metrics-port", "-1", "--device", "cpu",
+                 "--poll-seconds", "0", "--no-ui", *args.server_args.split()], " serving ")
+            _capture(ports["service"], todo, responses)
+            for side in ("ceiling", "floor"):
+                procs[side] = _spawn(["-m", "bench.http_servers", side, str(ports[side]),
+                                      str(responses), str(root / "models")], f"{side} ready")
+            servers = {side: (ports[side], procs[side].pid) for side in SIDES}
+            rows = asyncio.run(_measure(todo, servers, args.seconds, args.rounds))
         finally:
-            for proc in (service, ceiling):
-                if proc is not None:
-                    proc.terminate()
-                    proc.wait(30)
+            for proc in procs.values():
+                proc.terminate()
+                proc.wait(30)
     _report(rows, args)
 
 
-async def _measure(todo: list[Cell], service: tuple[int, int], ceiling: tuple[int, int],
-                   seconds: float, rounds: int) -> list[dict[str, Any]]:
+SIDES = ("service", "floor", "ceiling")  # measured in this order, every round
+
+
+def _url(side: str, port: int, cell: Cell) -> str:
+    path = f"v2/models/{MODEL}/infer" if side == "service" else cell.name
+    return f"http://127.0.0.1:{port}/{path}"
+
+
+async def _measure(todo: list[Cell], servers: dict[str, tuple[int, int]], seconds: float,
+                   rounds: int) -> list[dict[str, Any]]:
     rows = []
     for cell in todo:
         body = request_body(cell)
-        service_url = f"http://127.0.0.1:{service[0]}/v2/models/{MODEL}/infer"
-        ceiling_url = f"http://127.0.0.1:{ceiling[0]}/{cell.name}"
-        svc: list[tuple[float, float, float]] = []
-        top: list[tuple[float, float, float]] = []
-        for _ in range(rounds):  # interleaved: drift on a shared machine hits both sides
-            svc.append(await _load(service_url, body, cell.c, seconds, service[1]))
-            top.append(await _load(ceiling_url, body, cell.c, seconds, ceiling[1]))
-        rps = statistics.median(r[0] for r in svc)
-        ceiling_rps = statistics.median(r[0] for r in top)
-        # Paired per round, then the median: a round's load hits both of its sides.
-        ratio = statistics.median(s[0] / t[0] for s, t in zip(svc, top))
-        rows.append({**asdict(cell), "rps": rps, "p50_ms": statistics.median(r[1] for r in svc),
-                     "cpu_ms": statistics.median(r[2] for r in svc),
-                     "ceiling_rps": ceiling_rps,
-                     "ceiling_p50_ms": statistics.median(r[1] for r in top),
-                     "ceiling_cpu_ms": statistics.median(r[2] for r in top),
-                     "ratio": ratio, "rounds_rps": [r[0] for r in svc],
-                     "rounds_ceiling_rps": [r[0] for r in top]})
-        print(f"  {cell.name}: {rps:.0f} req/s vs ceiling {ceiling_rps:.0f} ({ratio:.2f})",
-              flush=True)
+        sides = [s for s in SIDES if s != "floor" or cell.output == "binary"]
+        runs: dict[str, list[tuple[float, float, float]]] = {s: [] for s in sides}
+        for _ in range(rounds):  # interleaved: drift on a shared machine hits every side
+            for side in sides:
+                port, pid = servers[side]
+                runs[side].append(await _load(_url(side, port, cell), body, cell.c, seconds,
+                                              pid))
+        row: dict[str, Any] = asdict(cell)
+        for side, rs in runs.items():
+            key = "" if side == "service" else side + "_"
+            row[key + "rps"] = statistics.median(r[0] for r in rs)
+            row[key + "p50_ms"] = statistics.median(r[1] for r in rs)
+            row[key + "cpu_ms"] = statistics.median(r[2] for r in rs)
+            row["rounds_" + key + "rps"] = [r[0] for r in rs]
+        # Paired per round, then the median: a round's load hits all of its sides.
+        top = runs["ceiling"]
+        row["ratio"] = statistics.median(s[0] / t[0] for s, t in zip(runs["service"], top))
+        row["floor_ratio"] = (statistics.median(f[0] / t[0] for f, t in zip(runs["floor"], top))
+                              if "floor" in runs else None)
+        rows.append(row)
+        floor = f", floor {row['floor_ratio']:.2f}" if row["floor_ratio"] is not None else ""
+        print(f"  {cell.name}: {row['rps']:.0f} req/s vs ceiling {row['ceiling_rps']:.0f} "
+              f"({row['ratio']:.2f}{floor})", flush=True)
     return rows
 
 
 def _report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"\nHTTP front vs HTTP ceiling (aiohttp), C={C}, median of {args.rounds} rounds of "
-          f"{args.seconds:g} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print("(cpu ms: the server process's CPU per request, every thread)")
-    print(f"{'output':7} {'T':>5} {'dtype':5} {'c':>3} | {'req/s':>8} {'p50 ms':>8} "
-          f"{'cpu ms':>7} | {'ceiling':>8} {'p50 ms':>8} {'cpu ms':>7} | {'ratio':>5}")
+    print(f"\nHTTP front vs HTTP ceiling and lookup floor (aiohttp), C={C}, median of "
+          f"{args.rounds} rounds of {args.seconds:g} s; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print("(cpu ms: the server process's CPU per request, every thread; ratio: service / "
+          "ceiling; floor: floor / ceiling, the most any service doing the lookup can reach)")
+    print(f"{'output':7} {'T':>5} {'dtype':5} {'c':>3} | {'req/s':>7} {'p50 ms':>7} "
+          f"{'cpu ms':>6} | {'floor':>7} {'cpu ms':>6} | {'ceiling':>7} {'p50 ms':>7} "
+          f"{'cpu ms':>6} | {'ratio':>5} {'floor':>5}")
     for r in rows:
-        print(f"{r['output']:7} {r['T']:>5} {r['datatype']:5} {r['c']:>3} | {r['rps']:>8.0f} "
-              f"{r['p50_ms']:>8.2f} {r['cpu_ms']:>7.2f} | {r['ceiling_rps']:>8.0f} "
-              f"{r['ceiling_p50_ms']:>8.2f} {r['ceiling_cpu_ms']:>7.2f} | {r['ratio']:>5.2f}")
+        floor = (f"{r['floor_rps']:>7.0f} {r['floor_cpu_ms']:>6.2f}" if r["floor_ratio"]
+                 is not None else f"{'-':>7} {'-':>6}")
+        floor_ratio = f"{r['floor_ratio']:>5.2f}" if r["floor_ratio"] is not None else "    -"
+        print(f"{r['output']:7} {r['T']:>5} {r['datatype']:5} {r['c']:>3} | {r['rps']:>7.0f} "
+              f"{r['p50_ms']:>7.2f} {r['cpu_ms']:>6.2f} | {floor} | {r['ceiling_rps']:>7.0f} "
+              f"{r['ceiling_p50_ms']:>7.2f} {r['ceiling_cpu_ms']:>6.2f} | {r['ratio']:>5.2f} "
+              f"{floor_ratio}")
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "http.json"
     out.write_text(json.dumps({"C": C, "seconds": args.seconds, "rounds": args.rounds,
