@@ -21,7 +21,7 @@ every server runs with the entrypoint's ``GLIBC_TUNABLES``. Per cell: rounds of
 ``--seconds`` each, the sides in turn (service, floor, ceiling), after a warm-up; the table
 gives the median over rounds of each round's throughput and median latency, and the
 medians of the rounds' service ÷ ceiling and floor ÷ ceiling throughput (paired per round).
-Writes ``<out>/http.json``.
+Writes ``<out>/http.json`` and ``<out>/http.png``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,11 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["Cell", "cell_ids", "cells", "main", "request_body"]
+from bench.plot import plot_http
+from training.plot import PlotsUnavailable
+
+__all__ = ["Cell", "cell_ids", "cells", "free_port", "main", "request_body", "run_load", "spawn",
+           "write_model"]
 
 C, MAX_SEQ_LEN, MODEL = 768, 1024, "bench"
 TUNABLES = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=536870912"
@@ -95,8 +99,8 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _load(url: str, body: bytes, c: int, seconds: float,
-                pid: int) -> tuple[float, float, float]:
+async def run_load(url: str, body: bytes, c: int, seconds: float,
+                   pid: int) -> tuple[float, float, float]:
     """Requests per second, median latency (ms) and the server's CPU ms per request of
     ``c`` clients for ``seconds``."""
     latencies: list[float] = []
@@ -126,13 +130,15 @@ async def _load(url: str, body: bytes, c: int, seconds: float,
 
 # -- processes ----------------------------------------------------------------------------
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port free on 127.0.0.1 now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _spawn(args: list[str], ready: str) -> subprocess.Popen[str]:
+def spawn(args: list[str], ready: str) -> subprocess.Popen[str]:
+    """``python ARGS`` with the entrypoint's malloc tunables, once it prints ``ready``."""
     env = {**os.environ, "GLIBC_TUNABLES": TUNABLES, "PYTHONPATH": str(_ROOT)}
     proc = subprocess.Popen([sys.executable, *args], cwd=_ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -143,7 +149,8 @@ def _spawn(args: list[str], ready: str) -> subprocess.Popen[str]:
     raise RuntimeError(f"{args[:3]} exited before '{ready}' (status {proc.wait()})")
 
 
-def _model(repo: Path) -> None:
+def write_model(repo: Path) -> None:
+    """The bench model: GPT-2's shapes, random tables, written by the real checkpoint code."""
     import torch
 
     from service.format.checkpoint import write_checkpoint
@@ -187,20 +194,20 @@ def main(argv: list[str] | None = None) -> None:
     todo = [cell for cell in cells() if args.only in cell.name]
     with tempfile.TemporaryDirectory(prefix="bench-http-") as tmp:
         root = Path(tmp)
-        _model(root / "models")
+        write_model(root / "models")
         responses = root / "responses"
         responses.mkdir()
-        ports = {side: _free_port() for side in SIDES}
+        ports = {side: free_port() for side in SIDES}
         procs: dict[str, subprocess.Popen[str]] = {}
         try:
-            procs["service"] = _spawn(
+            procs["service"] = spawn(
                 ["-m", "service", "--model-repository", str(root / "models"), "--host",
-                 "127.0.0.1", "--grpc-port", str(_free_port()), "--http-port",
+                 "127.0.0.1", "--grpc-port", str(free_port()), "--http-port",
                  str(ports["service"]), "--metrics-port", "-1", "--device", "cpu",
                  "--poll-seconds", "0", "--no-ui", *args.server_args.split()], " serving ")
             _capture(ports["service"], todo, responses)
             for side in ("ceiling", "floor"):
-                procs[side] = _spawn(["-m", "bench.http_servers", side, str(ports[side]),
+                procs[side] = spawn(["-m", "bench.http_servers", side, str(ports[side]),
                                       str(responses), str(root / "models")], f"{side} ready")
             servers = {side: (ports[side], procs[side].pid) for side in SIDES}
             rows = asyncio.run(_measure(todo, servers, args.seconds, args.rounds))
@@ -229,7 +236,7 @@ async def _measure(todo: list[Cell], servers: dict[str, tuple[int, int]], second
         for _ in range(rounds):  # interleaved: drift on a shared machine hits every side
             for side in sides:
                 port, pid = servers[side]
-                runs[side].append(await _load(_url(side, port, cell), body, cell.c, seconds,
+                runs[side].append(await run_load(_url(side, port, cell), body, cell.c, seconds,
                                               pid))
         row: dict[str, Any] = asdict(cell)
         for side, rs in runs.items():
@@ -273,6 +280,10 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                                "loadavg": os.getloadavg(), "cpus": os.cpu_count(),
                                "rows": rows}, indent=1))
     print(f"wrote {out}")
+    try:
+        print(f"wrote {plot_http(rows, args.out / 'http.png')}")
+    except PlotsUnavailable as e:  # the JSON and the printed table are the result
+        print(f"bench.http: no http.png: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
-"""The PNG: throughput of ceiling, naive and service side by side for every cell."""
+"""The PNGs: throughput of the service beside its references (ceiling, naive, floor) for
+every cell of ``python -m bench`` and ``python -m bench.http``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from training.plot import pyplot
 
-__all__ = ["plot_report"]
+__all__ = ["plot_http", "plot_report"]
 
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-_COLORS = {"ceiling": "#999999", "naive": "#d62728", "service": "#1f77b4"}
+_COLORS = {"ceiling": "#999999", "naive": "#d62728", "service": "#1f77b4", "floor": "#ff7f0e"}
 
 
 def plot_report(report: Mapping[str, Any], path: Path) -> Path:
@@ -39,6 +40,42 @@ def plot_report(report: Mapping[str, Any], path: Path) -> Path:
         naive_note = "" if mode in {c["mode"] for c in report["cells"] if c["backend"] == "naive"} \
             else "; naive bars are its unary figures"
         ax.set_title(f"{mode}: service vs transport ceiling vs naive (repeated float{naive_note})")
+        ax.legend()
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_http(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """``bench.http``: median req/s of service, floor and ceiling per cell (log scale), one
+    panel per output (binary, JSON), each bar labelled with its share of the ceiling."""
+    plt = pyplot()
+    outputs = [o for o in ("binary", "json") if any(r["output"] == o for r in rows)]
+    fig, axes = plt.subplots(len(outputs), 1, figsize=(11, 4 * len(outputs)), squeeze=False)
+    for ax, output in zip(axes[:, 0], outputs):
+        cells = [r for r in rows if r["output"] == output]
+        width = 0.27
+        for i, side in enumerate(("service", "floor", "ceiling")):
+            key = "rps" if side == "service" else f"{side}_rps"
+            points = [(j, r) for j, r in enumerate(cells) if r.get(key) is not None]
+            if not points:  # the floor serves binary cells only
+                continue
+            xs = [j + (i - 1) * width for j, _ in points]
+            bars = ax.bar(xs, [r[key] for _, r in points], width, label=side,
+                          color=_COLORS[side])
+            if side != "ceiling":  # the paired per-round medians, as the table prints
+                share = [r["ratio" if side == "service" else "floor_ratio"] for _, r in points]
+                ax.bar_label(bars, [f"{x:.2f}" for x in share], fontsize=7)
+        ax.set_xticks(range(len(cells)))
+        ax.set_xticklabels([f"T{r['T']}\n{r['datatype']}\nc{r['c']}" for r in cells],
+                           fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("requests/s (median)")
+        ax.set_title(f"REST infer, {output} output: service and lookup floor vs the HTTP "
+                     f"ceiling (labels: share of the ceiling)")
         ax.legend()
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.http import Cell, _model
+from bench.http import Cell, write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ def test_one_binary_and_one_json_cell_measure_every_side(tmp_path: Path) -> None
 
 
 def test_floor_refuses_to_serve_a_lookup_that_differs(tmp_path: Path) -> None:
-    _model(tmp_path / "models")
+    write_model(tmp_path / "models")
     responses = tmp_path / "responses"
     responses.mkdir()
     cell = Cell(16, "FP32", 1, "binary")
