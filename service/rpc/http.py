@@ -14,9 +14,9 @@ gRPC requests, with no thread hop), parses with llhttp in C, sends the ``bytes``
 lookup wrote in place (joined to the headers first: one copy, on Python < 3.12.9), and
 takes an ``ssl.SSLContext`` for TLS/mTLS. No ``web.Application``: the route table here is
 eight patterns, and its router, middleware chain and signals would be work per request
-for nothing. uvicorn (httptools) would need
-an ASGI layer and its own server lifecycle beside gRPC's; measured figures against a
-ceiling and a lookup floor on this same library are in ``bench/http.py``.
+for nothing. uvicorn (httptools) would need an ASGI layer and its own server lifecycle
+beside gRPC's; measured figures against a ceiling and a lookup floor on this same library
+are in ``bench/http.py``.
 
 Deadline: the ``grpc-timeout`` header, in gRPC's own syntax (``200m`` = 200 ms; units
 H M S m u n), as grpc-gateway reads it from HTTP requests. Request bodies larger than
