@@ -32,21 +32,11 @@ def plot_report(report: Mapping[str, Any], path: Path) -> Path:
             xs = [j + (i - 1) * width for j, p in enumerate(points) if p in by_point]
             ys = [by_point[p] for p in points if p in by_point]
             ax.bar(xs, ys, width, label=backend, color=_COLORS[backend])
-        ax.set_xticks(range(len(points)))
-        ax.set_xticklabels([f"T{t}\n{_SHORT.get(d, d)}\nc{c}"
-                            for t, d, c in points], fontsize=8)
-        ax.set_yscale("log")
-        ax.set_ylabel("requests/s (median)")
         naive_note = "" if mode in {c["mode"] for c in report["cells"] if c["backend"] == "naive"} \
             else "; naive bars are its unary figures"
-        ax.set_title(f"{mode}: service vs transport ceiling vs naive (repeated float{naive_note})")
-        ax.legend()
-        ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        _panel(ax, [f"T{t}\n{_SHORT.get(d, d)}\nc{c}" for t, d, c in points],
+               f"{mode}: service vs transport ceiling vs naive (repeated float{naive_note})")
+    return _save(plt, fig, path)
 
 
 def plot_http(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
@@ -69,15 +59,24 @@ def plot_http(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
             if side != "ceiling":  # the paired per-round medians, as the table prints
                 share = [r["ratio" if side == "service" else "floor_ratio"] for _, r in points]
                 ax.bar_label(bars, [f"{x:.2f}" for x in share], fontsize=7)
-        ax.set_xticks(range(len(cells)))
-        ax.set_xticklabels([f"T{r['T']}\n{r['datatype']}\nc{r['c']}" for r in cells],
-                           fontsize=8)
-        ax.set_yscale("log")
-        ax.set_ylabel("requests/s (median)")
-        ax.set_title(f"REST infer, {output} output: service and lookup floor vs the HTTP "
-                     f"ceiling (labels: share of the ceiling)")
-        ax.legend()
-        ax.grid(axis="y", alpha=0.3)
+        _panel(ax, [f"T{r['T']}\n{r['datatype']}\nc{r['c']}" for r in cells],
+               f"REST infer, {output} output: service and lookup floor vs the HTTP ceiling "
+               f"(labels: share of the ceiling)")
+    return _save(plt, fig, path)
+
+
+def _panel(ax: Any, ticks: list[str], title: str) -> None:
+    """One panel's axes: a tick per cell, req/s on a log scale, legend and grid."""
+    ax.set_xticks(range(len(ticks)))
+    ax.set_xticklabels(ticks, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("requests/s (median)")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
