@@ -79,6 +79,13 @@ def parse_infer(body: bytes, header_length: int | None, model: str,
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgument(f"id={request_id!r} must be a string")
+    if not request_id.isascii():  # JSON's \\uD800 escape reads as a lone surrogate
+        try:
+            request_id.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidArgument(f"id is not valid Unicode text (a lone surrogate at "
+                                  f"character {e.start}); it is echoed in the response"
+                                  ) from None
     raw_params = header.get("parameters", {})
     if not isinstance(raw_params, dict):
         raise InvalidArgument("parameters must be a JSON object")
@@ -197,9 +204,13 @@ def _raw(tensor: _Tensor, data: Any) -> bytes:
     if values.dtype.kind not in "iu" and not (values.size == 0 and values.ndim == 1):
         raise InvalidArgument(f"input {tensor.name!r}: {tensor.datatype} data must be "
                               f"integers (a flat list, or nested lists of one shape)")
-    info = np.iinfo(dt)
-    if values.size and (values.min() < info.min or values.max() > info.max):
-        raise InvalidArgument(f"input {tensor.name!r}: a value is outside {tensor.datatype}")
+    # An int64 array read from Python ints already holds INT64's range (numpy refuses or
+    # widens to uint64 past it): only a narrower datatype or a uint64 array needs the pass.
+    if values.dtype != np.int64 or dt != np.int64:
+        info = np.iinfo(dt)
+        if values.size and (values.min() < info.min or values.max() > info.max):
+            raise InvalidArgument(f"input {tensor.name!r}: a value is outside "
+                                  f"{tensor.datatype}")
     return values.astype(dt).tobytes()
 
 
@@ -251,7 +262,7 @@ class ResponsePlan:
             "outputs": outputs}
         self.writer: codec.ResponseWriter | None = None
         if self.binary["embeddings"]:
-            head = json.dumps(self.header, separators=(",", ":")).encode()
+            head = orjson.dumps(self.header)  # ~0.5 µs; json.dumps takes ~8
             self.header_length = len(head)
             order = [n for n, b in infer.outputs if b]
             at = order.index("embeddings")

@@ -185,3 +185,49 @@ def test_one_engine_and_no_grpc_front_imported(server: ServerHandle) -> None:
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
             a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not imported & {"service.rpc.oip", "service.rpc.native"}, name
+
+
+_NOT_INTEGERS = "INT64 data must be integers (a flat list, or nested lists of one shape)"
+
+
+@pytest.mark.parametrize(("datatype", "row", "error"), [
+    ("INT64", [2**63], "a value is outside INT64"),  # numpy reads it as uint64
+    ("INT64", [1, 2**63], _NOT_INTEGERS),  # int64 and uint64 together: no integer array
+    ("INT64", [2**64], _NOT_INTEGERS),
+    ("INT64", [-(2**63) - 1], _NOT_INTEGERS),
+    ("INT32", [1, 2**31], "a value is outside INT32"),
+    ("INT32", [-(2**31) - 1], "a value is outside INT32"),
+])
+def test_json_ids_outside_their_datatype_are_refused(server: ServerHandle, datatype: str,
+                                                     row: list[int], error: str) -> None:
+    body = infer_body([row])
+    body["inputs"][0]["datatype"] = datatype
+    reply = request(server.http_port, "POST", "/v2/models/tiny/infer", body)
+    assert (reply.status, reply.json()) == (400, {"error": f"input 'input_ids': {error}"})
+
+
+@pytest.mark.parametrize(("datatype", "edge"), [("INT64", 2**63 - 1), ("INT64", -(2**63)),
+                                                ("INT32", 2**31 - 1), ("INT32", -(2**31))])
+def test_json_ids_at_their_datatype_edge_reach_the_vocabulary_check(
+        server: ServerHandle, datatype: str, edge: int) -> None:
+    body = infer_body([[1, edge]])
+    body["inputs"][0]["datatype"] = datatype
+    reply = request(server.http_port, "POST", "/v2/models/tiny/infer", body)
+    assert (reply.status, reply.json()) == (400, {
+        "error": f"input_ids[0][1]={edge} is out of range [0, 50257) for model 'tiny'"})
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_request_id_is_echoed_as_text_and_a_lone_surrogate_refused(server: ServerHandle,
+                                                                   binary: bool) -> None:
+    body = infer_body(IDS)
+    body["parameters"] = {"binary_data_output": binary}
+    body["id"] = "réq-ü-1"
+    reply = request(server.http_port, "POST", "/v2/models/tiny/infer", body)
+    header = binary_outputs(reply)[0] if binary else reply.json()
+    assert header["id"] == "réq-ü-1"
+    body["id"] = "ab\ud800"  # json.dumps writes the escape \ud800: valid JSON text
+    refused = request(server.http_port, "POST", "/v2/models/tiny/infer", body)
+    assert (refused.status, refused.json()) == (400, {
+        "error": "id is not valid Unicode text (a lone surrogate at character 2); it is "
+                 "echoed in the response"})
