@@ -79,13 +79,11 @@ def parse_infer(body: bytes, header_length: int | None, model: str,
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgument(f"id={request_id!r} must be a string")
-    if not request_id.isascii():  # JSON's \\uD800 escape reads as a lone surrogate
-        try:
-            request_id.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidArgument(f"id is not valid Unicode text (a lone surrogate at "
-                                  f"character {e.start}); it is echoed in the response"
-                                  ) from None
+    try:  # JSON's \\uD800 escape reads as a lone surrogate, which no UTF-8 can carry
+        request_id.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"id is not valid Unicode text (a lone surrogate at character "
+                              f"{e.start}); it is echoed in the response") from None
     raw_params = header.get("parameters", {})
     if not isinstance(raw_params, dict):
         raise InvalidArgument("parameters must be a JSON object")
