@@ -7,11 +7,11 @@ lookup, against the same HTTP ceiling, interleaved in one run.
 service does. This asks whether any other way of doing the same lookup would lift that
 floor, i.e. whether a service built differently could reach a higher share of the ceiling.
 Every variant answers the same request (T ids, FP32, binary output: C = 768) with the same
-lookup code (``EmbeddingTables.embed_into`` on a GPT-2-sized table) and differs in one
-choice at a time:
+lookup: ``bench.http``'s model, loaded by the service's ``load_model``, and its
+``embed_into``. They differ in one choice at a time:
 
 - ``fresh``: a new response body per request (``codec.ResponseWriter``, the service's
-  allocation), lookup on the event loop, ``web.Response``;
+  allocation), lookup on the event loop, ``web.Response``: ``bench.http``'s floor;
 - ``fresh-thread``: the same, lookup on a compute thread (the service's batcher runs jobs
   over ``INLINE_TOKENS`` rows there);
 - ``pool``: bodies reused most-recent-first (cache-warm), written by ``StreamResponse``;
@@ -34,6 +34,7 @@ import mmap
 import os
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,7 +42,18 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.http import C, Cell, cell_ids, free_port, request_body, run_load, spawn
+from bench.http import (
+    MODEL,
+    C,
+    Cell,
+    cell_ids,
+    free_port,
+    request_body,
+    run_load,
+    spawn,
+    write_model,
+)
+from bench.http_servers import serve_forever
 
 __all__ = ["VARIANTS", "main", "serve"]
 
@@ -49,25 +61,24 @@ VARIANTS = ("ceiling", "fresh", "fresh-thread", "pool", "pool-thread", "fresh-hu
 _HEAD = b'{"model_name":"bench","outputs":[]}'  # stands in for the JSON header
 
 
-def serve(port: int, variant: str, T: int) -> None:
+def serve(port: int, variant: str, T: int, repo: Path) -> None:
     """Serve one variant on ``port`` until killed."""
     import torch
 
     from service.engine.batcher import Timing
+    from service.engine.repository import load_model
     from service.engine.tables import EmbeddingTables
     from service.rpc.codec import ResponseWriter
 
     torch.set_num_threads(1)  # the service's default
-    g = torch.Generator().manual_seed(0)
-    token_table = torch.randn(50257, C, generator=g)  # (V, C)
+    tables = load_model(MODEL, repo / MODEL / "1", torch.device("cpu"), torch.float32).tables
     if variant.endswith("-huge"):
-        area = mmap.mmap(-1, token_table.numel() * 4,
-                         flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        rows, dim = tables.token_table.shape
+        area = mmap.mmap(-1, rows * dim * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         area.madvise(mmap.MADV_HUGEPAGE)
-        token_table = torch.frombuffer(area, dtype=torch.float32).view(50257, C).copy_(
-            token_table)
-    tables = EmbeddingTables(token_table, torch.randn(1024, C, generator=g),
-                             torch.device("cpu"))
+        huge = torch.frombuffer(area, dtype=torch.float32).view(rows, dim)  # (V, C)
+        tables = EmbeddingTables(huge.copy_(tables.token_table), tables.position_table,
+                                 torch.device("cpu"))
     ids = torch.tensor(cell_ids(T))  # (T,)
     n = len(_HEAD) + T * C * 4
     prebuilt = _HEAD + bytes(T * C * 4)
@@ -106,13 +117,7 @@ def serve(port: int, variant: str, T: int) -> None:
         pool.append(body)  # Python 3.11's transport copied what it did not send
         return response
 
-    async def main() -> None:
-        server = web.Server(handle, access_log=None)
-        await asyncio.get_running_loop().create_server(server, "127.0.0.1", port)
-        print(f"{variant} ready", flush=True)
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
+    serve_forever(port, handle, f"{variant} ready")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,18 +129,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
-    p.add_argument("--serve", nargs=2, metavar=("PORT", "VARIANT"), help=argparse.SUPPRESS)
+    p.add_argument("--serve", nargs=3, metavar=("PORT", "VARIANT", "REPO"),
+                   help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
-        serve(int(args.serve[0]), args.serve[1], args.T)
+        serve(int(args.serve[0]), args.serve[1], args.T, Path(args.serve[2]))
         return
     body = request_body(Cell(args.T, "FP32", args.c, "binary"))
     servers: dict[str, tuple[int, Any]] = {}
+    tmp = tempfile.TemporaryDirectory(prefix="bench-http-floors-")
+    repo = Path(tmp.name)
+    write_model(repo)
     try:
         for variant in VARIANTS:
             port = free_port()
             servers[variant] = (port, spawn(["-m", "bench.http_floors", "--T", str(args.T),
-                                              "--serve", str(port), variant],
+                                              "--serve", str(port), variant, str(repo)],
                                              f"{variant} ready"))
         runs: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
         for r in range(args.rounds):
@@ -147,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         for _, proc in servers.values():
             proc.terminate()
             proc.wait(30)
+        tmp.cleanup()
     _report(runs, args)
 
 

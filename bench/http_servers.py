@@ -17,7 +17,7 @@ from aiohttp import web
 
 from bench.http import MODEL, C, cell_ids, cells
 
-__all__ = ["main", "run_ceiling", "run_floor"]
+__all__ = ["main", "run_ceiling", "run_floor", "serve_forever"]
 
 
 def _prebuilt(responses: Path) -> dict[str, tuple[bytes, dict[str, str]]]:
@@ -28,7 +28,9 @@ def _prebuilt(responses: Path) -> dict[str, tuple[bytes, dict[str, str]]]:
     return out
 
 
-def _serve(port: int, handle: Any, ready: str) -> None:
+def serve_forever(port: int, handle: Any, ready: str) -> None:
+    """``handle`` on an aiohttp low-level server on 127.0.0.1:``port``; prints ``ready``
+    once listening, then serves until killed."""
     async def serve() -> None:
         server = web.Server(handle, access_log=None)
         await asyncio.get_running_loop().create_server(server, "127.0.0.1", port)
@@ -47,7 +49,7 @@ def run_ceiling(port: int, responses: Path) -> None:
         body, headers = prebuilt[request.path]
         return web.Response(body=body, headers=headers)
 
-    _serve(port, handle, "ceiling ready")
+    serve_forever(port, handle, "ceiling ready")
 
 
 def run_floor(port: int, responses: Path, repo: Path) -> None:
@@ -90,7 +92,7 @@ def run_floor(port: int, responses: Path, repo: Path) -> None:
         await request.read()
         return web.Response(body=lookup(request.path), headers=plans[request.path][4])
 
-    _serve(port, handle, "floor ready")
+    serve_forever(port, handle, "floor ready")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -49,3 +49,21 @@ def test_floor_refuses_to_serve_a_lookup_that_differs(tmp_path: Path) -> None:
          str(tmp_path / "models")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert f"floor: /{cell.name} differs from the service's response" in proc.stderr
+
+
+def test_floor_variants_each_answer_against_the_ceiling(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.http_floors", "--T", "16", "--c", "1", "--rounds", "1",
+         "--seconds", "0.2", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "http_floors.json").read_text())
+    assert (report["T"], report["c"], report["C"], report["rounds"]) == (16, 1, 768, 1)
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert list(rows) == ["ceiling", "fresh", "fresh-thread", "pool", "pool-thread",
+                          "fresh-huge"]
+    assert rows["ceiling"]["ratio"] == 1.0
+    for row in rows.values():
+        assert row["rps"] > 0
+        assert row["cpu_ms"] > 0
+        assert len(row["rounds_rps"]) == 1
