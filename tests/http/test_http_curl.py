@@ -1,5 +1,5 @@
 """Every ``curl`` command of docs/interop.md's REST section, run with real curl against a
-real server (the doc's ``localhost:8000`` and model ``gpt2`` become the test server's)."""
+real server (the doc's ``localhost:8000`` and model ``default``, the one ``make run`` serves, become the test server's)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def run(block: str, port: int, cwd: Path) -> str:
     if shutil.which("curl") is None:
         pytest.fail("curl missing: run scripts/install_chromium.sh (make test does)")
     script = block.replace("localhost:8000", f"127.0.0.1:{port}").replace(
-        "/models/gpt2/", "/models/tiny/").replace("/models/gpt2\n", "/models/tiny\n")
+        "/models/default/", "/models/tiny/").replace("/models/default\n", "/models/tiny\n")
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, (script, proc.stderr)
