@@ -30,7 +30,8 @@ PORTS = {"grpc": 50051, "http": 8000, "metrics": 9464}  # as README.md's quickst
 WRITABLE = {"models", "runs", "data_cache", "bench", "x.npy"}
 # Training commands in the docs run the real job, shortened by its environment (flags win
 # over EMBED_TRAIN_*, so a command's own flags still apply): a tiny block and batch.
-TRAIN_ENV = {"EMBED_TRAIN_MAX_STEPS": "3", "EMBED_TRAIN_SPARSE_EMBEDDINGS": "1", "EMBED_TRAIN_N_LAYER": "1",
+TRAIN_ENV = {"EMBED_TRAIN_MAX_STEPS": "3", "EMBED_TRAIN_SPARSE_EMBEDDINGS": "1",
+             "EMBED_TRAIN_N_LAYER": "1",
              "EMBED_TRAIN_BLOCK_SIZE": "8", "EMBED_TRAIN_BATCH_SIZE": "2",
              "EMBED_TRAIN_WARMUP_STEPS": "1", "EMBED_TRAIN_EVAL_TOKENS": "64",
              "EMBED_TRAIN_EVAL_EVERY": "500", "EMBED_TRAIN_PROGRESS": "0"}
@@ -151,7 +152,8 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     env.pop("EMBED_TARGET", None)
     model, run = make_recipe("model"), make_recipe("run")
     assert model == [".venv/bin/python -m training.default_model --model-repository models"]
-    assert len(run) == 1 and run[0].startswith("scripts/serve.sh ")
+    assert len(run) == 1
+    assert run[0].startswith("scripts/serve.sh ")
     trained = subprocess.run(model[0].split(), cwd=path, env={**env, **MODEL_ENV},
                              capture_output=True, text=True, timeout=600)
     assert trained.returncode == 0, trained.stdout + trained.stderr

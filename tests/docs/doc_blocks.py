@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Block", "RUNNABLE", "blocks", "doc_files", "session_steps", "untagged_commands"]
+__all__ = ["RUNNABLE", "Block", "blocks", "doc_files", "session_steps", "untagged_commands"]
 
 RUNNABLE = ("bash", "console", "python", "js")
 _FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.S | re.M)
