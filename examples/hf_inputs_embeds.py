@@ -127,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="hf-gpt2", help="model name in the repository")
     parser.add_argument("--seed", type=int, default=0, help="random init of the local model")
     args = parser.parse_args(argv)
+    try:
+        import transformers  # noqa: F401  (the HF side of the comparison)
+    except ImportError:
+        parser.exit(2, f"{parser.prog}: needs transformers, which `make setup` installs; in "
+                       f"the `make run` environment: .venv/bin/pip install transformers==5.24.0\n")
     if (args.target is None) != (args.hf_dir is None):
         parser.error("--target and --hf-dir go together")
 

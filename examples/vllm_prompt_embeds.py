@@ -123,6 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          "GPT-2's tables here")
     parser.add_argument("--model", default="", help="model name ('' = server default)")
     args = parser.parse_args(argv)
+    try:
+        import transformers  # noqa: F401  (the HF side of the comparison)
+    except ImportError:
+        parser.exit(2, f"{parser.prog}: needs transformers, which `make setup` installs; in "
+                       f"the `make run` environment: .venv/bin/pip install transformers==5.24.0\n")
     if args.target is not None:
         with EmbeddingClient(args.target, timeout=30, raw_bfloat16=True) as client:
             _show(client, args.text, args.model, args.dtype)
