@@ -240,11 +240,11 @@ function renderModel(f, how, name) {
     `position ${f.position}, rules ${rules.length ? rules.join(", ") : "none"}, ` +
     `tables in ${f.dtype}; token rows ${f.dim} wide, served rows ${f.width} wide`;
   $("recipe").textContent = `default compose (token_plus_position) = ${how.served}`;
-  $("cap-token").textContent = `token rows ${how.token}  [T \u00d7 ${f.dim}]`;
+  $("cap-token").textContent = `token rows ${how.token} [T\u00a0\u00d7\u00a0${f.dim}]`;
   $("cap-position").textContent = how.hasPositions
-    ? `position rows ${how.position}  [T \u00d7 ${f.width}]` : "position rows: none";
-  $("cap-served").textContent = `served rows (token_plus_position) = ${how.served}  ` +
-    `[T \u00d7 ${f.width}]`;
+    ? `position rows ${how.position} [T\u00a0\u00d7\u00a0${f.width}]` : "position rows: none";
+  $("cap-served").textContent = `served rows (token_plus_position) = ${how.served} ` +
+    `[T\u00a0\u00d7\u00a0${f.width}]`;
 }
 
 async function run(event) {
@@ -303,6 +303,7 @@ async function run(event) {
 }
 
 function start() {
+  document.body.dataset.state = "loading";  // not the last try's "error" while this one runs
   $("error").hidden = true;
   loadModels().then(() => { document.body.dataset.state = "ready"; }).catch((e) => {
     $("error").textContent = e.message + " (with --auth-token: type the token above)";
