@@ -2,20 +2,25 @@
 reads each model's family, rules and widths, draws the token rows at the table's width and
 the served rows at the model's, names the steps of the default compose, and checks bit for
 bit only what it can recompute: no "differ" for a correct model (BERT, OPT's project_in,
-BLOOM, Gemma, Llama, GPT-2, OPT, and bf16 ones), and a served value one ulp off, or rows of
-the wrong width, are still caught."""
+BLOOM, Gemma, Llama, GPT-2, OPT, and bf16 ones), every drawn cell has the colour of the
+value transformers computes (hidden_states[0], get_input_embeddings()), and a served value one
+ulp off, or rows of the wrong width, are still caught."""
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
 from service.server import ServerHandle
-from tests.hf_models import HIDDEN, MAX_POS, build, save
+from tests.hf_models import HIDDEN, MAX_POS, build, reference, save
 from tests.http.page_browser import (
     INKED,
     canvas_width,
@@ -100,20 +105,60 @@ window.fetch = async (path, init) => {
 };"""
 
 
+# The colour of each cell of a heatmap canvas, read at the cell's top-left pixel.
+CELLS = """const [id, T, C] = arguments;
+const canvas = document.getElementById(id);
+const w = canvas.width / C, h = canvas.height / T;
+const d = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+const out = [];
+for (let t = 0; t < T; t++) for (let c = 0; c < C; c++) {
+  const at = 4 * (t * h * canvas.width + c * w);
+  out.push([d[at], d[at + 1], d[at + 2]]);
+}
+return out;"""
+
+
+def colours(rows: torch.Tensor) -> list[list[int]]:
+    """page.js's ``color`` of every value of ``rows`` (T, C) on the panel's own scale, in
+    the same double arithmetic (``Math.round``: halves up)."""
+    values = rows.float().numpy().astype(np.float64).ravel()
+    scale = float(np.abs(values).max()) or 1.0
+    out = []
+    for v in values:
+        t = max(-1.0, min(1.0, v / scale))
+        x = 255 * (1 - abs(t))
+        fade = math.floor(x) + (1 if x - math.floor(x) >= 0.5 else 0)
+        out.append([255, fade, fade] if t >= 0 else [fade, fade, 255])
+    return out
+
+
 @pytest.fixture(scope="module")
-def families(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    """One server over the imported models of MODELS."""
+def families(tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[tuple[ServerHandle, dict[str, Any]]]:
+    """One server over the imported models of MODELS, and the transformers models."""
     tmp = tmp_path_factory.mktemp("page-hf")
     repo = tmp / "models"
+    models: dict[str, Any] = {}
     for seed, (name, (family, dtype)) in enumerate(MODELS.items()):
-        src = save(build(family, seed=seed, dtype=dtype), tmp / "src" / name)
+        models[name] = build(family, seed=seed, dtype=dtype)
+        src = save(models[name], tmp / "src" / name)
         args = ["hf", str(src), "--out", str(repo / name / "1")]
         if family == "bloom":  # ALiBi: no max_position_embeddings in its config
             args += ["--max-seq-len", str(MAX_POS)]
         assert import_main(args) == 0
     handle = start(repo, default_model="llama", metrics_port=-1)
-    yield handle
+    yield handle, models
     handle.stop()
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """The reference runs on the server's one torch thread: OPT's project_in is a GEMM whose
+    rounding depends on the thread count (tests/service/test_hf_families.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def embed(driver: webdriver.Chrome, handle: ServerHandle, name: str,
@@ -130,10 +175,11 @@ def embed(driver: webdriver.Chrome, handle: ServerHandle, name: str,
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
-def test_page_shows_and_checks_each_family(families: ServerHandle, browser: webdriver.Chrome,
-                                           name: str) -> None:
+def test_page_shows_and_checks_each_family(families: tuple[ServerHandle, dict[str, Any]],
+                                           browser: webdriver.Chrome, name: str) -> None:
+    handle, models = families
     facts, recipe, dim, positions, check = EXPECTED[name]
-    assert embed(browser, families, name) == "done", text_of(browser, "error")
+    assert embed(browser, handle, name) == "done", text_of(browser, "error")
     assert text_of(browser, "shape").startswith(
         f"embeddings [1, {T}, {HIDDEN}] FP32 for compose token_plus_position · model {name} "
         f"version 1")
@@ -153,12 +199,23 @@ def test_page_shows_and_checks_each_family(families: ServerHandle, browser: webd
         assert inked > width * height // 2, canvas
     assert browser.find_element(By.ID, "heat-position").is_displayed() == positions
     assert browser.find_element(By.ID, "no-position").is_displayed() == (not positions)
+    # What is drawn is what transformers computes: every cell of the served panel has the
+    # colour of hidden_states[0], every cell of the token panel that of
+    # get_input_embeddings()(ids) (the service equals them bit for bit).
+    model = models[name]
+    if name == "gpt2-bf16":
+        # A plain lookup adds its bf16 rows in fp32 and the page asks for FP32: the rows of
+        # the model run in fp32, not transformers' bf16 sum (that is the bfloat16 output).
+        model = copy.deepcopy(model).float()
+    hidden, token = reference(model, MODELS[name][0], IDS, START)  # (T, C), (T, dim)
+    assert browser.execute_script(CELLS, "heat-sum", T, HIDDEN) == colours(hidden)
+    assert browser.execute_script(CELLS, "heat-token", T, dim) == colours(token)
 
 
-def test_page_opt_token_only_is_the_tables_width(families: ServerHandle,
+def test_page_opt_token_only_is_the_tables_width(families: tuple[ServerHandle, dict[str, Any]],
                                                  browser: webdriver.Chrome) -> None:
     """OPT-350m's shape: compose token_only returns [1, T, 8], the served rows [1, T, 24]."""
-    assert embed(browser, families, "opt-proj", compose="token_only") == "done"
+    assert embed(browser, families[0], "opt-proj", compose="token_only") == "done"
     assert text_of(browser, "shape").startswith(
         f"embeddings [1, {T}, 8] FP32 for compose token_only")
     assert text_of(browser, "sumcheck") == EXPECTED["opt-proj"][4]
@@ -169,10 +226,10 @@ def test_page_opt_token_only_is_the_tables_width(families: ServerHandle,
     ("gpt2-bf16", "float32(token + position)"),
     ("llama", "the token rows (no position rows)"),
     ("gemma", "the token rows (no position rows)")])
-def test_page_catches_one_ulp(families: ServerHandle, browser: webdriver.Chrome, name: str,
-                              what: str) -> None:
+def test_page_catches_one_ulp(families: tuple[ServerHandle, dict[str, Any]],
+                              browser: webdriver.Chrome, name: str, what: str) -> None:
     """Where the page claims a check, one served value one ulp off fails it."""
-    assert embed(browser, families, name, tamper=("token_plus_position", "ulp")) == "done"
+    assert embed(browser, families[0], name, tamper=("token_plus_position", "ulp")) == "done"
     assert text_of(browser, "sumcheck").startswith(
         f"check FAILED: 1 of {N} values differ from {what} (first: token 0, feature 5: "
         f"served ")
@@ -182,9 +239,9 @@ def test_page_catches_one_ulp(families: ServerHandle, browser: webdriver.Chrome,
     ("opt-proj", "token_only", "token_plus_position", f"[1,{T},{HIDDEN}], expected [1, {T}, 8]"),
     ("opt-proj", "token_plus_position", "token_only", f"[1,{T},8], expected [1, {T}, {HIDDEN}]"),
     ("opt-proj", "position_only", "token_only", f"[1,{T},8], expected [1, {T}, {HIDDEN}]")])
-def test_page_catches_rows_of_the_wrong_width(families: ServerHandle, browser: webdriver.Chrome,
-                                              name: str, compose: str, other: str,
-                                              shape: str) -> None:
+def test_page_catches_rows_of_the_wrong_width(families: tuple[ServerHandle, dict[str, Any]],
+                                              browser: webdriver.Chrome, name: str,
+                                              compose: str, other: str, shape: str) -> None:
     """Token rows drawn at the served width (or the reverse) are refused, not drawn."""
-    assert embed(browser, families, name, tamper=(compose, "as", other)) == "error"
+    assert embed(browser, families[0], name, tamper=(compose, "as", other)) == "error"
     assert text_of(browser, "error") == f"{compose} came back {shape} for this model"
