@@ -156,9 +156,9 @@ const fmt = (x) => Number(x.toPrecision(7)).toString();
 //   x = x + token_type_table[0]            -- BERT
 //   x = x + position_table[s+offset ..]    -- learned or sinusoidal positions
 //   x = LayerNorm(x)                       -- BLOOM, BERT
-// and which check the page can make from the rows it is sent: "sum" (served = token +
-// position, rounded as the server rounds), "token" (served = token rows), or none, with the
-// steps it cannot recompute (they need weights the page is not sent).
+// and which check the page can make from the rows it is sent: "sum" (served =
+// float32(token + position)), "token" (served = token rows), or none, with the steps it
+// cannot recompute (they need weights the page is not sent).
 function recipe(f) {
   const r = f.rules || {};
   const hasPositions = f.position !== "none";
