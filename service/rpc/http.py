@@ -43,6 +43,7 @@ from service import tracing
 from service.engine.engine import Engine, RowSlice
 from service.errors import EmbedError, InvalidArgument, http_status_for
 from service.rpc.frame import Call, Frame, Refused
+from service.rpc.http_page import model_facts
 from service.rpc.http_tensors import EXTENSIONS, parse_infer, plan_response
 from service.rpc.http_wire import (
     HEADER_LENGTH,
@@ -278,7 +279,8 @@ class HttpFront:
     async def tokenize(self, request: web.BaseRequest, params: dict[str, str],
                        call: Call) -> web.StreamResponse:
         """The page's helper: an infer request's sequences as admission reads them (ids
-        after truncation, each token's text, each row's untrained flag); no lookup."""
+        after truncation, each token's text, each row's untrained flag) and the model's
+        widths and rules (``http_page.model_facts``); no lookup."""
         body = await read_body(request, self.max_body)
         infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
@@ -298,6 +300,4 @@ class HttpFront:
                               "start_position": seq.start_position,
                               "truncated_tokens": seq.truncated_tokens})
         return json_response({"model_name": model.name, "model_version": str(model.version),
-                      "dim": model.tables.dim, "position": model.checkpoint.manifest.position,
-                      "max_seq_len": model.checkpoint.manifest.max_seq_len,
-                      "sequences": sequences})
+                              **model_facts(model), "sequences": sequences})

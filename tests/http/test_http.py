@@ -165,8 +165,9 @@ def test_tokenize_helper(server: ServerHandle) -> None:
                     infer_body(texts=["hello world"], start_position=2))
     assert reply.status == 200
     assert reply.json() == {
-        "model_name": "tiny", "model_version": "1", "dim": DIM, "position": "learned",
-        "max_seq_len": 64, "sequences": [{
+        "model_name": "tiny", "model_version": "1", "dim": DIM, "width": DIM,
+        "position": "learned", "max_seq_len": 64, "family": "", "rules": {},
+        "dtype": "float32", "sequences": [{
             "ids": [31373, 995], "tokens": ["hello", " world"], "untrained": [True, False],
             "start_position": 2, "truncated_tokens": 0}]}
 

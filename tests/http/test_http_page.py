@@ -5,56 +5,26 @@ a real server, submits a request, and the rendered tokens, shape and canvases ar
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
 from service.server import ServerHandle
 from tests.http.conftest import request
+from tests.http.page_browser import (
+    INKED,
+    fill,
+    text_of,
+    wait_state,
+)
 from tests.tiny_model import DIM, TRAINED_ROWS, start
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 TEXT = "The cat sat on the mat."
 IDS = [464, 3797, 3332, 319, 262, 2603, 13]
 TOKENS = ["The", " cat", " sat", " on", " the", " mat", "."]
-# Drawn pixels: any that is not the canvas's white.
-INKED = """const c = document.getElementById(arguments[0]);
-const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i] + d[i+1] + d[i+2] < 750) n++;
-return [c.width, c.height, n];"""
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[webdriver.Chrome]:
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if shutil.which(path) is None:
-            pytest.fail(f"{path} missing: run scripts/install_chromium.sh (make test does)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM  # with the driver's path: Selenium Manager never runs
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1200,1500", "--no-proxy-server", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--disable-default-apps", "--dns-prefetch-disable"):
-        options.add_argument(arg)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SE_OFFLINE", "true")
-        driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(20)
-    yield driver
-    driver.quit()
-
-
-def wait_state(driver: webdriver.Chrome, *states: str) -> str:
-    WebDriverWait(driver, 20).until(
-        lambda d: d.execute_script("return document.body.dataset.state") in states)
-    state: str = driver.execute_script("return document.body.dataset.state")
-    return state
 
 
 def test_page_renders_tokens_shape_and_heatmaps(server: ServerHandle,
@@ -93,8 +63,13 @@ def test_page_renders_tokens_shape_and_heatmaps(server: ServerHandle,
     assert (width, height) == (height, height)
     assert inked > 0
     assert browser.find_element(By.ID, "sumcheck").text == (
-        f"sum check: all {len(IDS) * DIM} values of the served sum equal float32(token + "
+        f"check: all {len(IDS) * DIM} values of the served rows equal float32(token + "
         f"position) bit for bit")
+    assert browser.find_element(By.ID, "model-facts").text == (
+        f"model tiny: family (trained here), position learned, rules none, tables in float32; "
+        f"token rows {DIM} wide, served rows {DIM} wide")
+    assert browser.find_element(By.ID, "recipe").text == (
+        "default compose (token_plus_position) = token_table[ids] + position_table[s..s+T-1]")
     shot = os.environ.get("EMBED_PAGE_SCREENSHOT")  # docs/http-page.png is made this way
     if shot:
         assert browser.save_screenshot(shot)
@@ -166,3 +141,49 @@ def test_ui_and_http_port_flags() -> None:
     assert parse_config([], {"EMBED_HTTP_PORT": "-1"}).http_port == -1
     with pytest.raises(SystemExit):
         parse_config([], {"EMBED_UI": "maybe"})
+
+
+def test_page_on_a_model_without_positions(server: ServerHandle,
+                                           browser: webdriver.Chrome) -> None:
+    """"rope" (position none, no rules): its served rows are its token rows, checked so."""
+    browser.get(f"http://127.0.0.1:{server.http_port}/")
+    assert wait_state(browser, "ready", "error") == "ready"
+    fill(browser, model="rope", text=TEXT, offset=3)
+    browser.find_element(By.ID, "go").click()
+    assert wait_state(browser, "done", "error") == "done", text_of(browser, "error")
+    assert text_of(browser, "sumcheck") == (
+        f"check: all {len(IDS) * DIM} values of the served rows equal the token rows (no "
+        f"position rows) bit for bit")
+    assert text_of(browser, "recipe") == "default compose (token_plus_position) = token_table[ids]"
+    assert text_of(browser, "no-position") == (
+        "model rope has no position table (position: none): its positions act inside "
+        "attention (RoPE or ALiBi), and position_only is refused")
+    assert not browser.find_element(By.ID, "heat-position").is_displayed()
+
+
+@pytest.mark.parametrize(("truncate", "kept"), [("right", IDS[:4]), ("left", IDS[3:])])
+def test_page_truncate_control(server: ServerHandle, browser: webdriver.Chrome,
+                               truncate: str, kept: list[int]) -> None:
+    """The server's "(or set truncate)" refers to a control the page has: 7 tokens at
+    start_position 60 of max_seq_len 64 are refused, or cut to 4 from either end."""
+    browser.get(f"http://127.0.0.1:{server.http_port}/")
+    assert wait_state(browser, "ready", "error") == "ready"
+    fill(browser, model="tiny", text=TEXT, offset=60, truncate="none")
+    browser.find_element(By.ID, "go").click()
+    assert wait_state(browser, "done", "error") == "error"
+    assert text_of(browser, "error") == (
+        "HTTP 400 from /v2/models/tiny/tokenize: text[0]: start_position (60) + T (7) = 67 "
+        "exceeds max_seq_len 64 of model 'tiny' (or set truncate)")
+    fill(browser, truncate=truncate)
+    browser.find_element(By.ID, "go").click()
+    assert wait_state(browser, "done", "error") == "done", text_of(browser, "error")
+    rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#tokens tbody tr")]
+    assert [r[:3] for r in rows] == [[str(i), str(60 + i), str(id_)]
+                                     for i, id_ in enumerate(kept)]
+    assert text_of(browser, "shape").startswith(
+        f"embeddings [1, 4, {DIM}] FP32 for compose token_plus_position")
+    assert text_of(browser, "shape").endswith(" · 3 tokens truncated")
+    assert text_of(browser, "sumcheck") == (
+        f"check: all {4 * DIM} values of the served rows equal float32(token + position) "
+        f"bit for bit")

@@ -39,10 +39,16 @@ function inputTensor() {
   return { name: "input_ids", datatype: "INT64", shape: [1, ids.length], data: ids };
 }
 
+// The infer body's parameters, shared by /tokenize and /infer so that both read the same
+// sequence (the same truncation).
+function parameters() {
+  return { start_position: Number($("offset").value || 0), truncate: $("truncate").value };
+}
+
 function request(compose) {
   return {
     inputs: [inputTensor()],
-    parameters: { start_position: Number($("offset").value || 0), compose: compose },
+    parameters: { ...parameters(), compose: compose },
     // Binary output: the rows arrive as little-endian float32 after the JSON header.
     outputs: [{ name: "embeddings", parameters: { binary_data: true } }],
   };
@@ -141,6 +147,106 @@ function renderTokens(info) {
   });
 }
 
+const fmt = (x) => Number(x.toPrecision(7)).toString();
+
+// What the model's default compose is, from its facts (the /tokenize reply: family, rules,
+// dim, width, position, dtype), in the order the server applies it (service/engine/rules.py):
+//   x = token_table[ids] (x embed_scale)  -- token_only stops here, [T, dim]
+//   x = project_in(x)                      -- OPT-350m: [T, dim] -> [T, width]
+//   x = x + token_type_table[0]            -- BERT
+//   x = x + position_table[s+offset ..]    -- learned or sinusoidal positions
+//   x = LayerNorm(x)                       -- BLOOM, BERT
+// and which check the page can make from the rows it is sent: "sum" (served =
+// float32(token + position)), "token" (served = token rows), or none, with the steps it
+// cannot recompute (they need weights the page is not sent).
+function recipe(f) {
+  const r = f.rules || {};
+  const hasPositions = f.position !== "none";
+  const computes = r.embed_scale !== undefined || r.project_in || r.token_type || r.layernorm;
+  let token = "token_table[ids]";
+  if (r.embed_scale !== undefined) {
+    token += ` \u00d7 ${fmt(r.embed_scale)}` + (f.dtype === "float32" ? "" : ` (in ${f.dtype})`);
+  }
+  const offset = r.position_offset || 0;
+  const from = offset ? `s+${offset}` : "s";
+  const to = offset ? `s+T+${offset - 1}` : "s+T-1";
+  const position = f.position === "sinusoidal" ? "sinusoid(s..s+T-1)"
+    : `position_table[${from}..${to}]`;
+  let x = r.project_in ? `project_in(${token})` : token;
+  if (r.token_type) x += " + token_type_table[0]";
+  if (hasPositions) x += " + " + position;
+  if (r.layernorm) x = `LayerNorm(${x})`;
+  const unchecked = [];
+  if (r.project_in) unchecked.push(`project_in (a [${f.width} \u00d7 ${f.dim}] matmul)`);
+  if (r.token_type) unchecked.push("the token-type row");
+  if (r.layernorm) unchecked.push(`LayerNorm (eps ${r.layernorm.eps}, with its weight and bias)`);
+  // A plain lookup adds in fp32 and rounds once to float32 (Math.fround of the exact
+  // double sum of two floats is float32 addition); the rules' path adds in the tables' dtype,
+  // as the reference does, which the page does not redo for a 16-bit model.
+  if (computes && hasPositions && f.dtype !== "float32") {
+    unchecked.push(`the addition rounded in ${f.dtype}`);
+  }
+  const check = unchecked.length ? null : hasPositions ? "sum" : "token";
+  return { token, position, served: x, hasPositions, check, unchecked };
+}
+
+// Each compose's rows must come back [1, T, its width]: token_only the table's width (dim),
+// the others the model's (width; they differ with OPT's project_in).
+function checkShape(name, got, T, C) {
+  const [b, t, c] = got.shape;
+  if (b !== 1 || t !== T || c !== C) {
+    throw new Error(`${name} came back [${got.shape}], expected [1, ${T}, ${C}] for this model`);
+  }
+}
+
+function compare(served, want, round) {
+  let differ = 0, first = -1;
+  for (let k = 0; k < served.length; k++) {
+    if (!Object.is(served[k], round(want(k)))) { differ++; if (first < 0) first = k; }
+  }
+  return { differ, first };
+}
+
+function renderCheck(how, rows, T, C, name) {
+  const el = $("sumcheck");
+  if (how.check === null) {
+    el.className = "note";
+    el.textContent = `not checked here: the served rows of ${name} go through ` +
+      `${how.unchecked.join(", ")}, which the page cannot recompute from the rows it is ` +
+      "sent; it shows them as the server returns them";
+    return;
+  }
+  const sum = how.check === "sum";
+  const { differ, first } = sum
+    ? compare(rows.token_plus_position.rows,
+      (k) => rows.token_only.rows[k] + rows.position_only.rows[k], Math.fround)
+    : compare(rows.token_plus_position.rows, (k) => rows.token_only.rows[k], (v) => v);
+  const what = sum ? "float32(token + position)" : "the token rows (no position rows)";
+  const n = T * C;
+  if (!differ) {
+    el.className = "note ok";
+    el.textContent = `check: all ${n} values of the served rows equal ${what} bit for bit`;
+  } else {
+    const t = Math.floor(first / C), c = first % C;
+    el.className = "note bad";
+    el.textContent = `check FAILED: ${differ} of ${n} values differ from ${what} ` +
+      `(first: token ${t}, feature ${c}: served ${rows.token_plus_position.rows[first]})`;
+  }
+}
+
+function renderModel(f, how, name) {
+  const rules = Object.keys(f.rules || {});
+  $("model-facts").textContent = `model ${name}: family ${f.family || "(trained here)"}, ` +
+    `position ${f.position}, rules ${rules.length ? rules.join(", ") : "none"}, ` +
+    `tables in ${f.dtype}; token rows ${f.dim} wide, served rows ${f.width} wide`;
+  $("recipe").textContent = `default compose (token_plus_position) = ${how.served}`;
+  $("cap-token").textContent = `token rows ${how.token} [T\u00a0\u00d7\u00a0${f.dim}]`;
+  $("cap-position").textContent = how.hasPositions
+    ? `position rows ${how.position} [T\u00a0\u00d7\u00a0${f.width}]` : "position rows: none";
+  $("cap-served").textContent = `served rows (token_plus_position) = ${how.served} ` +
+    `[T\u00a0\u00d7\u00a0${f.width}]`;
+}
+
 async function run(event) {
   if (event) event.preventDefault();
   document.body.dataset.state = "busy";
@@ -148,44 +254,45 @@ async function run(event) {
   try {
     const compose = $("compose").value;
     const info = await (await call(modelPath() + "/tokenize", {
-      inputs: [inputTensor()],
-      parameters: { start_position: Number($("offset").value || 0) },
+      inputs: [inputTensor()], parameters: parameters(),
     })).json();
-    const hasPositions = info.position !== "none";
-    const [picked, tokens, positions, sum] = await Promise.all([
-      infer(compose), infer("token_only"),
-      hasPositions ? infer("position_only") : Promise.resolve(null), infer("token_plus_position")]);
-    const [B, T, C] = picked.shape;
+    const how = recipe(info);
+    // Every compose the page draws, each asked for once (the picked one among them, even
+    // position_only on a model without positions: the server's refusal is then shown).
+    const wanted = ["token_only", "token_plus_position"];
+    if (how.hasPositions) wanted.push("position_only");
+    if (!wanted.includes(compose)) wanted.push(compose);
+    const got = await Promise.all(wanted.map((c) => infer(c)));
+    const rows = Object.fromEntries(wanted.map((c, i) => [c, got[i]]));
+    const T = info.sequences[0].ids.length;
+    const C = info.width;
+    checkShape("token_only", rows.token_only, T, info.dim);
+    checkShape("token_plus_position", rows.token_plus_position, T, C);
+    if (how.hasPositions) checkShape("position_only", rows.position_only, T, C);
+    const picked = rows[compose];
     const h = picked.header;
     const truncated = h.parameters.truncated_tokens;
-    $("shape").innerHTML = `<code>embeddings [${B}, ${T}, ${C}] ${picked.datatype}</code> ` +
+    $("shape").innerHTML = `<code>embeddings [${picked.shape.join(", ")}] ${picked.datatype}</code> ` +
       `for compose <code>${compose}</code> &middot; model ${h.model_name} version ${h.model_version}` +
       ` &middot; checkpoint <code>${h.parameters.checkpoint_id.slice(0, 12)}</code>` +
       (truncated ? ` &middot; ${truncated} tokens truncated` : "");
+    renderModel(info, how, h.model_name);
     renderTokens(info);
-    heatmap($("heat-token"), tokens.rows, T, C);
-    heatmap($("heat-sum"), sum.rows, T, C);
-    $("heat-position").hidden = !hasPositions;
-    $("similarity").hidden = !hasPositions;
-    $("no-position").hidden = $("no-similarity").hidden = hasPositions;
-    if (hasPositions) {
-      heatmap($("heat-position"), positions.rows, T, C);
-      heatmap($("similarity"), similarity(positions.rows, T, C), T, T, 1, true);
-      // The served sum against float32(token + position) here: a double add of two floats,
-      // rounded once to float32 (Math.fround), is exactly float32 addition.
-      let same = 0;
-      for (let k = 0; k < sum.rows.length; k++) {
-        same += Object.is(sum.rows[k], Math.fround(tokens.rows[k] + positions.rows[k])) ? 1 : 0;
-      }
-      $("sumcheck").innerHTML = same === sum.rows.length
-        ? `<span class="ok">sum check: all ${same} values of the served sum equal float32(token + position) bit for bit</span>`
-        : `sum check: ${sum.rows.length - same} of ${sum.rows.length} values differ`;
+    heatmap($("heat-token"), rows.token_only.rows, T, info.dim);
+    heatmap($("heat-sum"), rows.token_plus_position.rows, T, C);
+    $("heat-position").hidden = !how.hasPositions;
+    $("similarity").hidden = !how.hasPositions;
+    $("no-position").hidden = $("no-similarity").hidden = how.hasPositions;
+    if (how.hasPositions) {
+      heatmap($("heat-position"), rows.position_only.rows, T, C);
+      heatmap($("similarity"), similarity(rows.position_only.rows, T, C), T, T, 1, true);
     } else {
-      const note = `model ${h.model_name} has no position table (position: none, e.g. RoPE): ` +
-        "its sum is the token rows, and position_only is refused";
-      $("no-position").textContent = $("no-similarity").textContent = note;
-      $("sumcheck").textContent = "";
+      const family = info.family ? ` (family ${info.family})` : "";
+      $("no-position").textContent = $("no-similarity").textContent =
+        `model ${h.model_name}${family} has no position table (position: none): its ` +
+        "positions act inside attention (RoPE or ALiBi), and position_only is refused";
     }
+    renderCheck(how, rows, T, C, h.model_name);
     $("result").hidden = false;
     document.body.dataset.state = "done";
   } catch (e) {
@@ -196,6 +303,7 @@ async function run(event) {
 }
 
 function start() {
+  document.body.dataset.state = "loading";  // not the last try's "error" while this one runs
   $("error").hidden = true;
   loadModels().then(() => { document.body.dataset.state = "ready"; }).catch((e) => {
     $("error").textContent = e.message + " (with --auth-token: type the token above)";
