@@ -1,6 +1,7 @@
 """``python -m training.importers``: the command line, the tokenizer choice, the writer.
 
     python -m training.importers hf DIR --out models/NAME/VERSION [--max-seq-len N]
+                                                     [--discover]
     python -m training.importers hf-gpt2 DIR ...    (alias of hf: model_type gpt2 only,
                                                       GPT-2 ranks when DIR has no tokenizer)
     python -m training.importers hf-llama DIR ...   (alias of hf: model_type llama only)
@@ -155,6 +156,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--pat-str", help="pre-tokenizer regex of a --tokenizer .tiktoken")
         s.add_argument("--special-tokens", help="JSON object (or file) of name -> id")
         s.add_argument("--encoding", help="encoding name of a --tokenizer .tiktoken")
+        s.add_argument("--discover", action="store_true",
+                       help="find the rule by running the family's transformers code even "
+                            "for a hand-written family, and refuse unless both agree "
+                            "(model types without an entry are always discovered)")
     return p
 
 
@@ -166,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--out models/<name>/<version> is required (or --name-map-check)")
     try:
         if args.command in _HF_COMMANDS:
-            tables = load_hf(args.dir, args.max_seq_len, _HF_COMMANDS[args.command])
+            tables = load_hf(args.dir, args.max_seq_len, _HF_COMMANDS[args.command],
+                             discover=args.discover)
         else:
             tables = load_nanogpt(args.ckpt)
         if args.name_map_check:
