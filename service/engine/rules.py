@@ -9,6 +9,7 @@ reference's order, so a bf16 model served in bf16 rounds where transformers roun
 
     x = token_table[ids]                    # (N, dim)    nn.Embedding
     x = x * scale.to(table dtype)           # (N, dim)    Gemma (part of get_input_embeddings)
+    x = x * float(scale)                    # (N, dim)    BioGPT (embed_scale_float: fp32 math)
     -- COMPOSE_TOKEN_ONLY stops here: exactly get_input_embeddings()(ids) --
     x = x * input_scale                     # (N, dim)    Granite: a Python float (fp32 math)
     x = F.linear(x, project_in_weight)      # (N, C)      OPT-350m
@@ -43,6 +44,7 @@ class RuleTables:
         # dtype: the scale rounds to bf16 (16.0 -> 16.0, 45.2548 -> 45.25) in a bf16 model.
         self.scale = (None if rules.embed_scale is None
                       else torch.tensor(rules.embed_scale).to(device=device, dtype=dtype))
+        self.scale_float = rules.embed_scale if rules.embed_scale_float else None
         # Granite multiplies by a Python float: torch computes that product in fp32 (its
         # opmath) and rounds once, so the scale is kept a float, never cast to the dtype.
         self.input_scale = rules.input_scale
@@ -55,7 +57,9 @@ class RuleTables:
         """``get_input_embeddings()(ids)``: the gathered rows, scaled where the family
         scales inside its embedding module (Gemma)."""
         x = torch.index_select(token_table, 0, ids)  # (N, dim)
-        if self.scale is not None:
+        if self.scale_float is not None:
+            x = x * self.scale_float  # (N, dim), a Python float: fp32 math, one rounding
+        elif self.scale is not None:
             x = x * self.scale  # (N, dim), rounded in the table dtype like the reference
         return x
 

@@ -11,7 +11,10 @@ position_offset    OPT: ``embed_positions(position_ids + 2)``    (position_embed
                                                                  max_seq_len + 2 rows)
 embed_scale        Gemma: ``embed(ids) * normalizer`` with the   none
                    normalizer cast to the table's dtype; part
-                   of ``get_input_embeddings()`` in transformers 5
+                   of ``get_input_embeddings()`` in transformers 5;
+                   ``embed_scale_float``: BioGPT's module multiplies
+                   by a Python float instead (fp32 math, one
+                   rounding to the table's dtype)
 input_scale        Granite: ``inputs_embeds * embedding_multiplier``  none
                    after ``get_input_embeddings()``, by a Python
                    float (computed in fp32, rounded once to the
@@ -49,6 +52,9 @@ class Rules:
 
     position_offset: int = 0  # OPT: row of position p is p + 2
     embed_scale: float | None = None  # Gemma: sqrt(hidden_size), cast to the table dtype
+    # BioGPT: the embedding module multiplies by a Python float (fp32 math, one rounding)
+    # instead of a tensor cast to the table's dtype (Gemma). Only with embed_scale.
+    embed_scale_float: bool = False
     # Granite: a multiplier applied after get_input_embeddings() (not part of token-only
     # rows), by a Python float: the product is computed in fp32 and rounded once.
     input_scale: float | None = None
@@ -82,6 +88,8 @@ class Rules:
             d["position_offset"] = self.position_offset
         if self.embed_scale is not None:
             d["embed_scale"] = self.embed_scale
+            if self.embed_scale_float:
+                d["embed_scale_float"] = True
         if self.input_scale is not None:
             d["input_scale"] = self.input_scale
         if self.project_in:
@@ -95,7 +103,7 @@ class Rules:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Rules:
         """Parse the manifest's ``rules`` object (ValueError names an unknown rule)."""
-        unknown = sorted(set(d) - set(RULE_NAMES))
+        unknown = sorted(set(d) - set(RULE_NAMES) - {"embed_scale_float"})
         if unknown:
             raise ValueError(f"rules {unknown} are not known (known: {list(RULE_NAMES)})")
         layernorm = d.get("layernorm")
@@ -104,6 +112,7 @@ class Rules:
             raise ValueError(f"rules.position_offset={offset} must be >= 0")
         return cls(position_offset=offset,
                    embed_scale=None if d.get("embed_scale") is None else float(d["embed_scale"]),
+                   embed_scale_float=bool(d.get("embed_scale_float", False)),
                    input_scale=None if d.get("input_scale") is None else float(d["input_scale"]),
                    project_in=bool(d.get("project_in", False)),
                    token_type=bool(d.get("token_type", False)),
@@ -117,6 +126,8 @@ class Rules:
             value = d[name]
             if name == "layernorm":
                 parts.append(f"layernorm(eps={value['eps']:g})")
+            elif name == "embed_scale" and self.embed_scale_float:
+                parts.append(f"embed_scale={value:g} (fp32)")
             elif value is True:
                 parts.append(name)
             else:

@@ -151,14 +151,25 @@ def _candidates(ref: Reference, extra: Sequence[str], embed_scales: list[float |
         roles = [(embeddings[0], embeddings[1]), (embeddings[1], embeddings[0])]
     for position, token_type in roles:
         for offset in (_OFFSETS if position else [0]):
-            for embed_scale in embed_scales:
-                for input_scale in input_scales:
-                    rules = Rules(position_offset=offset, embed_scale=embed_scale,
-                                  input_scale=input_scale, project_in=project is not None,
-                                  token_type=token_type is not None,
-                                  layernorm_eps=None if layernorm is None else layernorm[2])
-                    yield Candidate(rules, position, token_type, project,
-                                    None if layernorm is None else layernorm[:2])
+            for embed_scale, as_float, input_scale in _scale_choices(embed_scales,
+                                                                     input_scales):
+                rules = Rules(position_offset=offset, embed_scale=embed_scale,
+                              embed_scale_float=as_float, input_scale=input_scale,
+                              project_in=project is not None,
+                              token_type=token_type is not None,
+                              layernorm_eps=None if layernorm is None else layernorm[2])
+                yield Candidate(rules, position, token_type, project,
+                                None if layernorm is None else layernorm[:2])
+
+
+def _scale_choices(embed_scales: list[float | None], input_scales: list[float | None]
+                   ) -> Iterator[tuple[float | None, bool, float | None]]:
+    """(embed_scale, as a Python float, input_scale): a scale inside the embedding module
+    is either a tensor cast to the table's dtype (Gemma) or a Python float (BioGPT)."""
+    for embed_scale in embed_scales:
+        for as_float in ((False, True) if embed_scale is not None else (False,)):
+            for input_scale in input_scales:
+                yield embed_scale, as_float, input_scale
 
 
 @dataclass
@@ -268,7 +279,11 @@ def discover(src: SafetensorsDir, max_seq_len: int | None = None) -> SourceTable
     max_pos = getattr(text, "max_position_embeddings", None)
     probes = probes_for(vocab, max_pos if isinstance(max_pos, int) else None,
                         ref32.takes_positions)
-    hidden_src, token_src = ref32.sources(probes[0])
+    try:
+        hidden_src, token_src = ref32.sources(probes[0])
+    except (RuntimeError, ValueError, IndexError, TypeError) as e:
+        raise ImporterError(f"{src.dir}: the reference ({type(ref32.model).__name__}) "
+                            f"failed on a probe ({type(e).__name__}: {e})") from e
     if token_src != {token_name} or token_name not in hidden_src:
         raise ImporterError(f"{src.dir}: get_input_embeddings()(ids) is computed from "
                             f"{sorted(token_src)} and hidden_states[0] from "
@@ -278,15 +293,22 @@ def discover(src: SafetensorsDir, max_seq_len: int | None = None) -> SourceTable
     stored = tensors[token_name].dtype
     if stored not in _DTYPES.values():
         raise ImporterError(f"{prefix + token_name}: dtype {stored} is not storable")
+    # fp32, the stored dtype, and bf16 (whose rounding tells a scale cast to the dtype from
+    # one kept a float, should the table be stored narrower later). A dtype other than the
+    # stored one gets only the probed rows of the token table: the rest stays unwritten.
     rows = sorted({i for p in probes for i in p.ids})
-    for name, t in tensors.items():  # fp32: only the probed rows of a narrower table
-        ref32.set(name, t, rows if name == token_name and stored != torch.float32 else None)
     refs = [ref32]
-    if stored != torch.float32:
-        refs.append(Reference(src, stored))
+    for dtype in (stored, torch.bfloat16):
+        if all(r.dtype != dtype for r in refs):
+            refs.append(Reference(src, dtype))
+    for ref in refs:
         for name, t in tensors.items():
-            refs[1].set(name, t)
-    outputs = {id(r): [r.run(p) for p in probes] for r in refs}
+            ref.set(name, t, rows if name == token_name and ref.dtype != stored else None)
+    try:
+        outputs = {id(r): [r.run(p) for p in probes] for r in refs}
+    except (RuntimeError, ValueError, IndexError, TypeError) as e:
+        raise ImporterError(f"{src.dir}: the reference ({type(ref32.model).__name__}) "
+                            f"failed on the probes ({type(e).__name__}: {e})") from e
     hidden0, token0 = outputs[id(ref32)][0]
     gathered = tensors[token_name][torch.tensor(probes[0].ids)].float()  # (T, dim)
     embed_scales: list[float | None] = [None]
@@ -334,6 +356,7 @@ def _tables(src: SafetensorsDir, tf: Any, refs: Sequence[Reference], prefix: str
                      f"cut to 1 layer",
         "probe_sha256": _probe_hash(probes), "probes": len(probes),
         "dtypes": [str(r.dtype).removeprefix("torch.") for r in refs],
+        "stored_dtype": str(tensors[token_name].dtype).removeprefix("torch."),
         "compared": ["hidden_states[0]", "get_input_embeddings()(ids)"],
         "max_difference": 0.0, "rules": cand.rules.to_dict(),
         "parameters": {k: v for k, v in ours.items() if v is not None}}
