@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import transformers as tf
 
-__all__ = ["FAMILY_MODELS", "HIDDEN", "LEARNED", "MAX_POS", "VOCAB", "build", "reference",
-           "save"]
+__all__ = ["DISCOVERY_MODELS", "FAMILY_MODELS", "HIDDEN", "LEARNED", "MAX_POS", "OUTSIDE_MODELS",
+           "VOCAB", "build", "reference", "save"]
 
 VOCAB = 96
 HIDDEN = 24  # sqrt(24) = 4.898979...: Gemma's scale is not exact in bf16 (4.90625)
@@ -57,8 +57,9 @@ LEARNED = {"gpt2", "opt", "opt-proj", "bert"}
 
 
 def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:
-    """The family's tiny model, every parameter random, in eval mode and ``dtype``."""
-    cls, config = FAMILY_MODELS[name]
+    """The family's tiny model, every parameter random, in eval mode and ``dtype`` (any
+    name of FAMILY_MODELS, DISCOVERY_MODELS or OUTSIDE_MODELS)."""
+    cls, config = {**OUTSIDE_MODELS, **DISCOVERY_MODELS, **FAMILY_MODELS}[name]
     torch.manual_seed(seed)
     model = cls(config).eval()
     with torch.no_grad():
