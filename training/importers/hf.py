@@ -60,8 +60,14 @@ def load_hf(model_dir: Path, max_seq_len: int | None = None,
     such as ``hf-gpt2`` accepts): a hand-written family by its name map, any other by
     discovery; ``discover``: discovery for a hand-written family too, cross-checked."""
     src = SafetensorsDir(model_dir)
-    if expect is None and str(src.config.get("model_type")) not in FAMILIES:
-        return discover_tables(src, max_seq_len)
+    model_type = src.config.get("model_type")
+    if expect is None and str(model_type) not in FAMILIES:
+        try:
+            return discover_tables(src, max_seq_len)
+        except ImporterError as e:
+            raise ImporterError(f"{src.dir / 'config.json'}: model_type {model_type!r} has "
+                                f"no hand-written entry (those: {supported()}) and "
+                                f"discovery refused it: {e}") from e
     family = family_of(src)
     if discover:
         found = discover_tables(SafetensorsDir(model_dir), max_seq_len)

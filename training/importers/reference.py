@@ -119,7 +119,11 @@ class Reference:
         tf = load_transformers()
         from transformers.initialization import no_init_weights
 
-        config = tf.AutoConfig.from_pretrained(str(src.dir), local_files_only=True)
+        try:
+            config = tf.AutoConfig.from_pretrained(str(src.dir), local_files_only=True)
+        except (ValueError, KeyError, OSError) as e:
+            raise ImporterError(f"transformers {tf.__version__} cannot read this config "
+                                f"({type(e).__name__}: {str(e).splitlines()[0]})") from e
         self.full_config = config
         self.text_config = config.get_text_config(decoder=True)
         self.dtype = dtype
