@@ -1,14 +1,15 @@
 """Benchmark row: the cost of discovery on a Llama-3-8B-shaped checkpoint.
 
-    .venv/bin/python -m training.bench.discovery [--dir /tmp/llama3-shape] [--keep]
+    .venv/bin/python -m training.bench.discovery [--dir DIR] [--keep] [--vocab-size N]
 
 Writes a random bf16 checkpoint with Llama 3 8B's config (vocab 128,256 x hidden 4,096:
 a 1 GiB token table) under ``model_type`` smollm3 (Llama's architecture, no hand-written
 entry: the import is discovery alone), sharded as a save_pretrained is (the token table in
 the first shard, layer 0's tensors and the final norm in the second, an index json). Then
 it runs, each in a fresh process: as the floor, a process that only imports torch and
-transformers and reads the token table; and the import (discovery + writing the version,
-ids-only). Reported: wall seconds and peak RSS (that child's own ru_maxrss, from wait4)
+transformers and reads the token table; discovery alone (``--name-map-check``: the rule
+found, the tables read, nothing written); and the import (discovery + writing the
+version, ids-only). Reported: wall seconds and peak RSS (that child's own ru_maxrss, from wait4)
 of each, beside the table's bytes. The figure the issue sets: peak RSS within the table
 plus about 1 GB.
 """
@@ -24,9 +25,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-import torch
-from safetensors.torch import save_file
 
 __all__ = ["main", "write_checkpoint_shaped"]
 
@@ -50,6 +48,9 @@ print(t.shape)
 
 def write_checkpoint_shaped(out: Path) -> int:
     """The random sharded checkpoint; returns the token table's bytes."""
+    import torch  # only in the writing child: the parent stays small (see _child)
+    from safetensors.torch import save_file
+
     out.mkdir(parents=True, exist_ok=True)
     c: dict[str, Any] = LLAMA3_8B
     V, C, F = int(c["vocab_size"]), int(c["hidden_size"]), int(c["intermediate_size"])
@@ -78,7 +79,9 @@ def write_checkpoint_shaped(out: Path) -> int:
 
 
 def _child(argv: list[str]) -> tuple[float, int, int]:
-    """(wall seconds, peak RSS bytes, exit status) of one fresh process."""
+    """(wall seconds, peak RSS bytes, exit status) of one fresh process. Linux carries a
+    process's peak RSS across fork and exec into the child's ru_maxrss, so the parent
+    never holds the table itself: a child writes the checkpoint."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -97,22 +100,48 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", type=Path, default=Path("/tmp/discovery-bench"))
     p.add_argument("--keep", action="store_true", help="keep the checkpoint and the version")
+    p.add_argument("--write-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--vocab-size", type=int, default=LLAMA3_8B["vocab_size"],
+                   help="a smaller table for a quick run (default: Llama 3's 128256)")
+    p.add_argument("--hidden-size", type=int, default=LLAMA3_8B["hidden_size"])
     args = p.parse_args(argv)
+    LLAMA3_8B.update(vocab_size=args.vocab_size, hidden_size=args.hidden_size)
+    if args.vocab_size <= 128004:  # smollm3's default pad id, and Llama 3's specials
+        LLAMA3_8B.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     src, out = args.dir / "src", args.dir / "models" / "llama3-shaped" / "1"
+    if args.write_only:
+        print(write_checkpoint_shaped(src))
+        return 0
     shutil.rmtree(args.dir, ignore_errors=True)
-    table_bytes = write_checkpoint_shaped(src)
+    write = _child([sys.executable, "-m", "training.bench.discovery", "--dir", str(args.dir),
+                    "--write-only", "--vocab-size", str(args.vocab_size),
+                    "--hidden-size", str(args.hidden_size)])
+    if write[2] != 0:
+        return 1
+    table_bytes = 1
+    for key in ("vocab_size", "hidden_size"):
+        table_bytes *= int(LLAMA3_8B[key])
+    table_bytes *= 2  # bf16
     floor = _child([sys.executable, "-c", _FLOOR,
                     str(src / "model-00001-of-00002.safetensors")])
+    # Discovery alone (--name-map-check: find the rule, read the tables, write nothing),
+    # then the whole import (discovery + writing the version, which hashes and saves it).
+    alone = _child([sys.executable, "-m", "training.importers", "hf", str(src),
+                    "--name-map-check"])
     run = _child([sys.executable, "-m", "training.importers", "hf", str(src), "--out",
-                  str(out), "--discover", "--no-tokenizer"])
+                  str(out), "--no-tokenizer"])
     gib = 1 << 30
-    row = {"checkpoint": "Llama-3-8B-shaped, bf16, 128256 x 4096, 2 shards",
+    row = {"checkpoint": f"Llama-3-8B-shaped, bf16, {LLAMA3_8B['vocab_size']} x "
+                         f"{LLAMA3_8B['hidden_size']}, 2 shards",
+           "write_s": round(write[0], 2),
            "table_GiB": round(table_bytes / gib, 3),
            "floor_s": round(floor[0], 2), "floor_peak_rss_GiB": round(floor[1] / gib, 3),
-           "discovery_import_s": round(run[0], 2),
-           "discovery_peak_rss_GiB": round(run[1] / gib, 3),
-           "over_table_GiB": round((run[1] - table_bytes) / gib, 3),
-           "exit": run[2], "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
+           "discovery_s": round(alone[0], 2),
+           "discovery_peak_rss_GiB": round(alone[1] / gib, 3),
+           "discovery_over_table_GiB": round((alone[1] - table_bytes) / gib, 3),
+           "import_s": round(run[0], 2), "import_peak_rss_GiB": round(run[1] / gib, 3),
+           "import_over_table_GiB": round((run[1] - table_bytes) / gib, 3),
+           "exit": [alone[2], run[2]], "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
     if run[2] == 0:
         manifest = json.loads((out / "manifest.json").read_text())
         row["rules"] = manifest.get("rules") or {}
@@ -120,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(row, indent=2))
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
-    return 0 if run[2] == 0 else 1
+    return 0 if run[2] == alone[2] == 0 else 1
 
 
 if __name__ == "__main__":
