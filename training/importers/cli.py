@@ -33,6 +33,7 @@ from service.format.tokenizer import (
 from training.importers.hf import load_hf
 from training.importers.nanogpt import load_nanogpt
 from training.importers.source import ImporterError, SourceTables
+from training.importers.spm_tokenizer import convert
 from training.importers.tokenizer_json import ResolvedTokenizer, resolve
 
 __all__ = ["LLAMA3_PAT_STR", "main", "write_imported"]
@@ -111,7 +112,8 @@ def _tiktoken_choice(args: argparse.Namespace, family: str) -> tuple[TokenizerSp
 
 
 def _choose_tokenizer(args: argparse.Namespace, tables: SourceTables) -> Choice:
-    """--no-tokenizer; --tokenizer FILE.tiktoken; DIR/tokenizer.json; else ids-only."""
+    """--no-tokenizer; --tokenizer FILE.tiktoken; DIR/tokenizer.json; DIR/tokenizer.model
+    (SentencePiece, converted by transformers); else ids-only."""
     if args.command == "nanogpt":
         if args.tokenizer is None:
             return gpt2_spec(), default_ranks_path()  # sha256 checked on load
@@ -120,13 +122,13 @@ def _choose_tokenizer(args: argparse.Namespace, tables: SourceTables) -> Choice:
         return None
     if args.tokenizer is not None:
         return _tiktoken_choice(args, tables.family)
-    resolved = resolve(args.dir, tables.family)
+    resolved = resolve(args.dir, tables.family) or convert(args.dir, tables.family)
     if resolved is not None:
         return resolved
     if args.command == "hf-gpt2":
         return gpt2_spec(), default_ranks_path()  # GPT-2's own ranks, sha256 checked
-    print(f"note: {args.dir} has no tokenizer.json: importing ids-only (text requests "
-          f"will get FAILED_PRECONDITION)", file=sys.stderr)
+    print(f"note: {args.dir} has no tokenizer.json or tokenizer.model: importing ids-only "
+          f"(text requests will get FAILED_PRECONDITION)", file=sys.stderr)
     return None
 
 

@@ -28,7 +28,7 @@ from training.importers.source import ImporterError, SafetensorsDir
 
 __all__ = ["IMPORT_EXTRA", "Probe", "Reference", "TaintMode", "load_transformers"]
 
-IMPORT_EXTRA = "pip install -e '.[import]'"  # transformers, pinned as in requirements-dev.txt
+IMPORT_EXTRA = "pip install -e '.[import]'"  # transformers + sentencepiece, as requirements-dev.txt
 
 
 def load_transformers() -> Any:
