@@ -4,7 +4,7 @@ For a ``model_type`` without a hand-written entry (and, with ``--discover``, as 
 cross-check for those with one), ``discover`` builds the family's cut-down text model
 (``training.importers.reference``), traces which parameters ``hidden_states[0]`` and
 ``get_input_embeddings()(ids)`` are computed from, reads only those from the checkpoint,
-runs the probes in fp32 and in the stored dtype, and then looks, within the rule
+runs the probes in fp32, the stored dtype and bf16, and then looks, within the rule
 vocabulary the server applies (``service.format.rules``), for the one rule whose result,
 computed by the server's own code (``service.engine.rules.RuleTables``), equals both
 outputs bit for bit on every probe. A family whose embedding is no such composition is
@@ -16,38 +16,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from service.engine.rules import RuleTables
-from service.format.rules import Rules
+from training.importers.candidates import Candidate, candidates, scales
 from training.importers.reference import Probe, Reference, load_transformers
 from training.importers.source import ImporterError, SafetensorsDir, SourceTables
 
-__all__ = ["Candidate", "discover", "probes_for"]
+__all__ = ["discover", "probes_for"]
 
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _TOKEN_ONLY, _DEFAULT = 1, 0  # embedding.v1 compose values RuleTables understands
-_OFFSETS = range(5)  # learned-position offsets tried (OPT: 2)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One rule of the vocabulary with its tensors (model parameter names)."""
-
-    rules: Rules
-    position: str | None = None  # parameter name of the learned position table
-    token_type: str | None = None
-    project_in: str | None = None
-    layernorm: tuple[str, str] | None = None  # (weight, bias)
-
-    def describe(self) -> str:
-        """For messages."""
-        extra = f", positions from {self.position}" if self.position else ""
-        return f"rules {self.rules.describe()!r}{extra}"
 
 
 def probes_for(vocab: int, max_pos: int | None, takes_positions: bool) -> list[Probe]:
@@ -86,90 +69,6 @@ def _prefix(model_keys: Sequence[str], token_name: str, ckpt: Sequence[str]) -> 
         raise ImporterError(f"{token_name!r} is ambiguous: found under prefixes "
                             f"{scored[0][1]!r} and {scored[1][1]!r} equally")
     return scored[0][1]
-
-
-def _module_of(ref: Reference, name: str) -> torch.nn.Module:
-    return ref.model.get_submodule(name.rpartition(".")[0])
-
-
-def _scales(reference: torch.Tensor, base: torch.Tensor, config: Any) -> list[float]:
-    """Constants c with reference ~= base * c: the ratio's fp32 value and its neighbours,
-    and the config's own numbers and sqrt(hidden_size) where they round to it."""
-    mask = base.double().abs() > 1e-3
-    if not bool(mask.any()):
-        return []
-    ratio = float((reference.double()[mask] / base.double()[mask]).median())
-    if not math.isfinite(ratio) or ratio == 0:
-        return []
-    near = [float(v) for v in vars(config).values()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    hidden = getattr(config, "hidden_size", None)
-    if isinstance(hidden, int):
-        near.append(hidden ** 0.5)
-    exact = [v for v in near if v and abs(v / ratio - 1) < 1e-3]
-    r32 = torch.tensor(ratio, dtype=torch.float32)
-    steps = [r32]
-    for direction in (math.inf, -math.inf):
-        x = r32
-        for _ in range(2):
-            x = torch.nextafter(x, torch.tensor(direction, dtype=torch.float32))
-            steps.append(x)
-    return list(dict.fromkeys(exact + [float(s) for s in steps]))
-
-
-def _candidates(ref: Reference, extra: Sequence[str], embed_scales: list[float | None],
-                input_scales: list[float | None]) -> Iterator[Candidate]:
-    """Every assignment of the extra parameters to the vocabulary's roles."""
-    embeddings, layernorm, project = [], None, None
-    modules: dict[str, list[str]] = {}
-    for name in extra:
-        modules.setdefault(name.rpartition(".")[0], []).append(name)
-    for module_name, names in modules.items():
-        module = ref.model.get_submodule(module_name)
-        if isinstance(module, torch.nn.Embedding):
-            embeddings.append(f"{module_name}.weight")
-        elif isinstance(module, torch.nn.LayerNorm) and module.bias is not None:
-            layernorm = (f"{module_name}.weight", f"{module_name}.bias", module.eps)
-        elif isinstance(module, torch.nn.Linear) and module.bias is None:
-            project = f"{module_name}.weight"
-        else:
-            raise ImporterError(
-                f"hidden_states[0] is computed from {', '.join(sorted(names))} of a "
-                f"{type(module).__name__}, which is none of the rules the server applies "
-                f"(gather, scale, learned positions, token-type row, LayerNorm, input "
-                f"projection)")
-    if len(embeddings) > 2:
-        raise ImporterError(f"hidden_states[0] adds {len(embeddings)} embedding tables "
-                            f"({', '.join(embeddings)}): the server adds at most a position "
-                            f"table and one token-type row")
-    roles: list[tuple[str | None, str | None]] = []
-    if not embeddings:
-        roles = [(None, None)]
-    elif len(embeddings) == 1:
-        roles = [(embeddings[0], None), (None, embeddings[0])]
-    else:
-        roles = [(embeddings[0], embeddings[1]), (embeddings[1], embeddings[0])]
-    for position, token_type in roles:
-        for offset in (_OFFSETS if position else [0]):
-            for embed_scale, as_float, input_scale in _scale_choices(embed_scales,
-                                                                     input_scales):
-                rules = Rules(position_offset=offset, embed_scale=embed_scale,
-                              embed_scale_float=as_float, input_scale=input_scale,
-                              project_in=project is not None,
-                              token_type=token_type is not None,
-                              layernorm_eps=None if layernorm is None else layernorm[2])
-                yield Candidate(rules, position, token_type, project,
-                                None if layernorm is None else layernorm[:2])
-
-
-def _scale_choices(embed_scales: list[float | None], input_scales: list[float | None]
-                   ) -> Iterator[tuple[float | None, bool, float | None]]:
-    """(embed_scale, as a Python float, input_scale): a scale inside the embedding module
-    is either a tensor cast to the table's dtype (Gemma) or a Python float (BioGPT)."""
-    for embed_scale in embed_scales:
-        for as_float in ((False, True) if embed_scale is not None else (False,)):
-            for input_scale in input_scales:
-                yield embed_scale, as_float, input_scale
 
 
 @dataclass
@@ -313,13 +212,13 @@ def discover(src: SafetensorsDir, max_seq_len: int | None = None) -> SourceTable
     gathered = tensors[token_name][torch.tensor(probes[0].ids)].float()  # (T, dim)
     embed_scales: list[float | None] = [None]
     if not torch.equal(token0, gathered):
-        embed_scales = list(_scales(token0, gathered, text)) or [None]
+        embed_scales = list(scales(token0, gathered, text)) or [None]
     extra = [n for n in needed if n != token_name]
     input_scales: list[float | None] = [None]
     if not extra and hidden0.shape == token0.shape and not torch.equal(hidden0, token0):
-        input_scales = list(_scales(hidden0, token0, text)) or [None]
+        input_scales = list(scales(hidden0, token0, text)) or [None]
     best: tuple[_Worst, Candidate] | None = None
-    for cand in _candidates(ref32, extra, embed_scales, input_scales):
+    for cand in candidates(ref32, extra, embed_scales, input_scales):
         worst = _evaluate(refs, token_name, cand, probes, outputs)
         if not worst.where:
             return _tables(src, tf, refs, prefix, token_name, cand, tensors, probes,
