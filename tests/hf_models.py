@@ -120,6 +120,14 @@ DISCOVERY_MODELS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "llava": (tf.LlavaForConditionalGeneration, tf.LlavaConfig(  # nested Llama
         text_config=tf.LlamaConfig(**_TEXT), vision_config=tf.CLIPVisionConfig(**_VISION),
         image_token_index=VOCAB - 1)),
+    "mistral3": (tf.Mistral3ForConditionalGeneration, tf.Mistral3Config(  # nested Mistral
+        text_config=tf.MistralConfig(**_TEXT),
+        vision_config=tf.PixtralVisionConfig(**_VISION, head_dim=8),
+        image_token_index=VOCAB - 1)),
+    "cohere": (tf.CohereForCausalLM, tf.CohereConfig(**_DECODER)),
+    "smollm3": (tf.SmolLM3ForCausalLM, tf.SmolLM3Config(**_DECODER)),
+    "qwen3_moe": (tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
+        **_DECODER, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)),
 }
 # Families whose embeddings are no composition of the rules the server applies.
 OUTSIDE_MODELS: dict[str, tuple[Callable[[Any], Any], Any]] = {

@@ -42,7 +42,8 @@ TEXTS = ["The cat walks to the garden.", "a dog  sleeps\nin the house", "x", "ca
 # What discovery must find (manifest rules, position kind) for each family.
 EXPECTED = {
     "qwen3": ({}, "none"), "olmo2": ({}, "none"), "starcoder2": ({}, "none"),
-    "stablelm": ({}, "none"), "llava": ({}, "none"),
+    "stablelm": ({}, "none"), "llava": ({}, "none"), "mistral3": ({}, "none"),
+    "cohere": ({}, "none"), "smollm3": ({}, "none"), "qwen3_moe": ({}, "none"),
     "gemma2": ({"embed_scale": HIDDEN ** 0.5}, "none"),
     "gemma3": ({"embed_scale": HIDDEN ** 0.5}, "none"),
     "granite": ({"input_scale": 0.15}, "none"),
@@ -107,7 +108,7 @@ def test_at_least_eight_new_families() -> None:
     assert len(set(DISCOVERY_MODELS) - set(FAMILY_MODELS)) >= 8
     nested = [n for n, (_, config) in DISCOVERY_MODELS.items()
               if getattr(config, "text_config", None) is not None]
-    assert nested == ["gemma3", "llava"]
+    assert nested == ["gemma3", "llava", "mistral3"]
 
 
 @pytest.mark.parametrize("name", list(DISCOVERY_MODELS))
