@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import transformers as tf
 
-__all__ = ["FAMILY_MODELS", "HIDDEN", "LEARNED", "MAX_POS", "VOCAB", "build", "reference",
-           "save"]
+__all__ = ["DISCOVERY_MODELS", "FAMILY_MODELS", "HIDDEN", "LEARNED", "MAX_POS", "OUTSIDE_MODELS",
+           "VOCAB", "build", "reference", "save"]
 
 VOCAB = 96
 HIDDEN = 24  # sqrt(24) = 4.898979...: Gemma's scale is not exact in bf16 (4.90625)
@@ -57,8 +57,9 @@ LEARNED = {"gpt2", "opt", "opt-proj", "bert"}
 
 
 def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:
-    """The family's tiny model, every parameter random, in eval mode and ``dtype``."""
-    cls, config = FAMILY_MODELS[name]
+    """The family's tiny model, every parameter random, in eval mode and ``dtype`` (any
+    name of FAMILY_MODELS, DISCOVERY_MODELS or OUTSIDE_MODELS)."""
+    cls, config = {**OUTSIDE_MODELS, **DISCOVERY_MODELS, **FAMILY_MODELS}[name]
     torch.manual_seed(seed)
     model = cls(config).eval()
     with torch.no_grad():
@@ -85,3 +86,53 @@ def reference(model: Any, name: str, ids: list[int], start: int) -> tuple[torch.
         hidden = model(input_ids=x, **kwargs).hidden_states[0][0]  # (T, C)
         token = model.get_input_embeddings()(x)[0]  # (T, dim)
     return hidden, token
+
+
+# Families without a hand-written entry: imported through discovery only. Decoders with
+# and without scaled embeddings, rotary or learned positions, and multimodal checkpoints
+# whose language model is nested (text_config). name -> (model class, config).
+_VISION = {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+_TEXT = {k: v for k, v in _DECODER.items() if k != "pad_token_id"}
+DISCOVERY_MODELS: dict[str, tuple[Callable[[Any], Any], Any]] = {
+    "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config(**_DECODER)),
+    "olmo2": (tf.Olmo2ForCausalLM, tf.Olmo2Config(**_DECODER)),
+    "starcoder2": (tf.Starcoder2ForCausalLM, tf.Starcoder2Config(**_DECODER)),
+    "stablelm": (tf.StableLmForCausalLM, tf.StableLmConfig(**_DECODER,
+                                                           partial_rotary_factor=0.5)),
+    "gemma2": (tf.Gemma2ForCausalLM, tf.Gemma2Config(**_DECODER)),  # scaled, in the module
+    "granite": (tf.GraniteForCausalLM, tf.GraniteConfig(  # scaled after the module
+        **_DECODER, embedding_multiplier=0.15)),
+    "gpt_neo": (tf.GPTNeoForCausalLM, tf.GPTNeoConfig(  # learned positions
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=1, num_heads=2,
+        attention_types=[[["global"], 1]], max_position_embeddings=MAX_POS,
+        bos_token_id=1, eos_token_id=2)),
+    "gpt_bigcode": (tf.GPTBigCodeForCausalLM, tf.GPTBigCodeConfig(  # learned positions
+        vocab_size=VOCAB, n_embd=HIDDEN, n_layer=1, n_head=2, n_positions=MAX_POS,
+        bos_token_id=1, eos_token_id=2)),
+    "biogpt": (tf.BioGptForCausalLM, tf.BioGptConfig(  # learned offset 2, scaled
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=32,
+        max_position_embeddings=MAX_POS, **_LAYERS)),
+    "gemma3": (tf.Gemma3ForConditionalGeneration, tf.Gemma3Config(  # nested, scaled
+        text_config=tf.Gemma3TextConfig(**_TEXT), vision_config=tf.SiglipVisionConfig(**_VISION),
+        mm_tokens_per_image=4, image_token_index=VOCAB - 1, boi_token_index=VOCAB - 2,
+        eoi_token_index=VOCAB - 3)),
+    "llava": (tf.LlavaForConditionalGeneration, tf.LlavaConfig(  # nested Llama
+        text_config=tf.LlamaConfig(**_TEXT), vision_config=tf.CLIPVisionConfig(**_VISION),
+        image_token_index=VOCAB - 1)),
+    "mistral3": (tf.Mistral3ForConditionalGeneration, tf.Mistral3Config(  # nested Mistral
+        text_config=tf.MistralConfig(**_TEXT),
+        vision_config=tf.PixtralVisionConfig(**_VISION, head_dim=8),
+        image_token_index=VOCAB - 1)),
+    "cohere": (tf.CohereForCausalLM, tf.CohereConfig(**_DECODER)),
+    "smollm3": (tf.SmolLM3ForCausalLM, tf.SmolLM3Config(**_DECODER)),
+    "qwen3_moe": (tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
+        **_DECODER, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)),
+}
+# Families whose embeddings are no composition of the rules the server applies.
+OUTSIDE_MODELS: dict[str, tuple[Callable[[Any], Any], Any]] = {
+    # LayerNorm, then a projection with a bias: neither the order nor the bias is a rule
+    "electra": (tf.ElectraModel, tf.ElectraConfig(
+        vocab_size=VOCAB, embedding_size=8, hidden_size=HIDDEN, intermediate_size=32,
+        max_position_embeddings=MAX_POS, **_LAYERS)),
+}

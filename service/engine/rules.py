@@ -1,15 +1,17 @@
 """A family's rules applied to gathered rows: the slow path of ``EmbeddingTables``.
 
-Only models whose manifest has a computing rule (``Rules.computes``: Gemma's scale, OPT's
-``project_in``, BERT's token-type row, a LayerNorm) come here; GPT-2, Llama and the other
-plain lookups keep the fast gather(+add) path in ``tables``.
+Only models whose manifest has a computing rule (``Rules.computes``: Gemma's or Granite's
+scale, OPT's ``project_in``, BERT's token-type row, a LayerNorm) come here; GPT-2, Llama and
+the other plain lookups keep the fast gather(+add) path in ``tables``.
 
 Every rule runs in the table's dtype with the reference's own torch op, in the
 reference's order, so a bf16 model served in bf16 rounds where transformers rounds:
 
     x = token_table[ids]                    # (N, dim)    nn.Embedding
     x = x * scale.to(table dtype)           # (N, dim)    Gemma (part of get_input_embeddings)
+    x = x * float(scale)                    # (N, dim)    BioGPT (embed_scale_float: fp32 math)
     -- COMPOSE_TOKEN_ONLY stops here: exactly get_input_embeddings()(ids) --
+    x = x * input_scale                     # (N, dim)    Granite: a Python float (fp32 math)
     x = F.linear(x, project_in_weight)      # (N, C)      OPT-350m
     x = x + token_type_row                  # (N, C)      BERT: inputs_embeds + token_type(0)
     x = x + position_table[positions]       # (N, C)      learned positions
@@ -42,6 +44,10 @@ class RuleTables:
         # dtype: the scale rounds to bf16 (16.0 -> 16.0, 45.2548 -> 45.25) in a bf16 model.
         self.scale = (None if rules.embed_scale is None
                       else torch.tensor(rules.embed_scale).to(device=device, dtype=dtype))
+        self.scale_float = rules.embed_scale if rules.embed_scale_float else None
+        # Granite multiplies by a Python float: torch computes that product in fp32 (its
+        # opmath) and rounds once, so the scale is kept a float, never cast to the dtype.
+        self.input_scale = rules.input_scale
         self.project_in = on.get("project_in_weight")  # (C, dim)
         self.token_type = on.get("token_type_embedding")  # (1, C)
         self.ln_weight = on.get("layernorm_weight")  # (C,)
@@ -51,7 +57,9 @@ class RuleTables:
         """``get_input_embeddings()(ids)``: the gathered rows, scaled where the family
         scales inside its embedding module (Gemma)."""
         x = torch.index_select(token_table, 0, ids)  # (N, dim)
-        if self.scale is not None:
+        if self.scale_float is not None:
+            x = x * self.scale_float  # (N, dim), a Python float: fp32 math, one rounding
+        elif self.scale is not None:
             x = x * self.scale  # (N, dim), rounded in the table dtype like the reference
         return x
 
@@ -65,6 +73,8 @@ class RuleTables:
         x = self.token_rows(token_table, ids)  # (N, dim)
         if compose == _TOKEN_ONLY:
             return x
+        if self.input_scale is not None:
+            x = x * self.input_scale  # (N, dim), one rounding, as the reference's
         if self.project_in is not None:
             # One matmul per sequence, as the reference runs one sequence: a GEMM's
             # rounding may depend on how many rows it is given.

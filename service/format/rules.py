@@ -11,7 +11,14 @@ position_offset    OPT: ``embed_positions(position_ids + 2)``    (position_embed
                                                                  max_seq_len + 2 rows)
 embed_scale        Gemma: ``embed(ids) * normalizer`` with the   none
                    normalizer cast to the table's dtype; part
-                   of ``get_input_embeddings()`` in transformers 5
+                   of ``get_input_embeddings()`` in transformers 5;
+                   ``embed_scale_float``: BioGPT's module multiplies
+                   by a Python float instead (fp32 math, one
+                   rounding to the table's dtype)
+input_scale        Granite: ``inputs_embeds * embedding_multiplier``  none
+                   after ``get_input_embeddings()``, by a Python
+                   float (computed in fp32, rounded once to the
+                   table's dtype)
 project_in         OPT: ``project_in(embed(ids))`` when          project_in_weight
                    word_embed_proj_dim != hidden_size            [hidden_size, dim]
 token_type         BERT: ``+ token_type_embeddings(0)``          token_type_embedding
@@ -29,7 +36,8 @@ from typing import Any
 
 __all__ = ["RULE_NAMES", "RULE_TENSORS", "Rules"]
 
-RULE_NAMES = ("position_offset", "embed_scale", "project_in", "token_type", "layernorm")
+RULE_NAMES = ("position_offset", "embed_scale", "input_scale", "project_in", "token_type",
+              "layernorm")
 # The extra tensors each rule needs, by their name in embeddings.safetensors.
 RULE_TENSORS: dict[str, tuple[str, ...]] = {
     "project_in": ("project_in_weight",),
@@ -44,6 +52,12 @@ class Rules:
 
     position_offset: int = 0  # OPT: row of position p is p + 2
     embed_scale: float | None = None  # Gemma: sqrt(hidden_size), cast to the table dtype
+    # BioGPT: the embedding module multiplies by a Python float (fp32 math, one rounding)
+    # instead of a tensor cast to the table's dtype (Gemma). Only with embed_scale.
+    embed_scale_float: bool = False
+    # Granite: a multiplier applied after get_input_embeddings() (not part of token-only
+    # rows), by a Python float: the product is computed in fp32 and rounded once.
+    input_scale: float | None = None
     project_in: bool = False  # OPT-350m: token rows [dim] -> [hidden_size] by a matmul
     token_type: bool = False  # BERT: add token-type row 0
     layernorm_eps: float | None = None  # BLOOM, BERT: LayerNorm(eps) after the sum
@@ -51,13 +65,15 @@ class Rules:
     @property
     def computes(self) -> bool:
         """True when the rows need more than a gather and a position add (the fast path)."""
-        return (self.embed_scale is not None or self.project_in or self.token_type
+        return (self.embed_scale is not None or self.input_scale is not None
+                or self.project_in or self.token_type
                 or self.layernorm_eps is not None)
 
     def names(self) -> list[str]:
         """The rules that are on, in the order the reference applies them."""
         on = {"position_offset": self.position_offset != 0,
-              "embed_scale": self.embed_scale is not None, "project_in": self.project_in,
+              "embed_scale": self.embed_scale is not None,
+              "input_scale": self.input_scale is not None, "project_in": self.project_in,
               "token_type": self.token_type, "layernorm": self.layernorm_eps is not None}
         return [name for name in RULE_NAMES if on[name]]
 
@@ -72,6 +88,10 @@ class Rules:
             d["position_offset"] = self.position_offset
         if self.embed_scale is not None:
             d["embed_scale"] = self.embed_scale
+            if self.embed_scale_float:
+                d["embed_scale_float"] = True
+        if self.input_scale is not None:
+            d["input_scale"] = self.input_scale
         if self.project_in:
             d["project_in"] = True
         if self.token_type:
@@ -83,7 +103,7 @@ class Rules:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Rules:
         """Parse the manifest's ``rules`` object (ValueError names an unknown rule)."""
-        unknown = sorted(set(d) - set(RULE_NAMES))
+        unknown = sorted(set(d) - set(RULE_NAMES) - {"embed_scale_float"})
         if unknown:
             raise ValueError(f"rules {unknown} are not known (known: {list(RULE_NAMES)})")
         layernorm = d.get("layernorm")
@@ -92,6 +112,8 @@ class Rules:
             raise ValueError(f"rules.position_offset={offset} must be >= 0")
         return cls(position_offset=offset,
                    embed_scale=None if d.get("embed_scale") is None else float(d["embed_scale"]),
+                   embed_scale_float=bool(d.get("embed_scale_float", False)),
+                   input_scale=None if d.get("input_scale") is None else float(d["input_scale"]),
                    project_in=bool(d.get("project_in", False)),
                    token_type=bool(d.get("token_type", False)),
                    layernorm_eps=None if layernorm is None else float(layernorm["eps"]))
@@ -104,6 +126,8 @@ class Rules:
             value = d[name]
             if name == "layernorm":
                 parts.append(f"layernorm(eps={value['eps']:g})")
+            elif name == "embed_scale" and self.embed_scale_float:
+                parts.append(f"embed_scale={value:g} (fp32)")
             elif value is True:
                 parts.append(name)
             else:

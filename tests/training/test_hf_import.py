@@ -76,14 +76,29 @@ def test_sharded_checkpoints(tmp_path: Path) -> None:
 
 
 def test_unknown_model_type_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model_type without an entry goes to discovery; one it cannot reproduce (T5, an
+    encoder-decoder whose forward needs decoder ids) or one transformers does not know is
+    refused, never guessed, and nothing is written."""
     src = tmp_path / "t5"
     src.mkdir()
     tf.T5Config(vocab_size=VOCAB, d_model=8).save_pretrained(src)
     save_file({"shared.weight": torch.zeros(VOCAB, 8)}, str(src / "model.safetensors"))
     assert _import(src, tmp_path / "m" / "1") == 2
     err = capsys.readouterr().err
-    assert "model_type 't5' is not supported (supported: bert, bloom, falcon, gemma, " \
-           "gpt2, gpt_neox, llama, mistral, opt, phi3, qwen2)" in err
+    assert "model_type 't5' has no hand-written entry (those: bert, bloom, falcon, gemma, " \
+           "gpt2, gpt_neox, llama, mistral, opt, phi3, qwen2) and discovery refused it: " in err
+    assert "the reference (T5Model) failed on a probe (ValueError: You must specify exactly " \
+           "one of input_ids or inputs_embeds)" in err
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text('{"model_type": "no-such-family", "vocab_size": 8}')
+    save_file({"embed.weight": torch.zeros(8, 4)}, str(unknown / "model.safetensors"))
+    assert _import(unknown, tmp_path / "m" / "1") == 2
+    err = capsys.readouterr().err
+    assert "model_type 'no-such-family' has no hand-written entry" in err
+    assert f"discovery refused it: transformers {tf.__version__} cannot read this config " \
+           "(ValueError: " in err
+    assert not (tmp_path / "m").exists()
     assert sorted(FAMILIES) == ["bert", "bloom", "falcon", "gemma", "gpt2", "gpt_neox",
                                 "llama", "mistral", "opt", "phi3", "qwen2"]
 

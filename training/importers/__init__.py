@@ -8,9 +8,13 @@ read without unpickling: safetensors for Hugging Face, ``torch.load(weights_only
 for nanoGPT's ``ckpt.pt``.
 
     source.py          reading safetensors directories, name resolution, shape checks
-    families.py        the supported HF model types: names, config keys, rules
-    hf.py              an HF directory -> tables + rules
+    families.py        the hand-written HF model types: names, config keys, rules
+    hf.py              an HF directory -> tables + rules (hand-written, else discovered)
+    reference.py       the family's own transformers model, cut down to its embeddings
+    candidates.py      the rule vocabulary's candidates for one model
+    discovery.py       the one candidate that reproduces the reference bit for bit
     tokenizer_json.py  tokenizer.json + tokenizer_config.json -> what AutoTokenizer builds
+    spm_tokenizer.py   a SentencePiece tokenizer.model, converted by transformers
     nanogpt.py         nanoGPT's ckpt.pt
     cli.py             the command line and the writer
 """

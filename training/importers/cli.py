@@ -1,6 +1,7 @@
 """``python -m training.importers``: the command line, the tokenizer choice, the writer.
 
     python -m training.importers hf DIR --out models/NAME/VERSION [--max-seq-len N]
+                                                     [--discover]
     python -m training.importers hf-gpt2 DIR ...    (alias of hf: model_type gpt2 only,
                                                       GPT-2 ranks when DIR has no tokenizer)
     python -m training.importers hf-llama DIR ...   (alias of hf: model_type llama only)
@@ -32,6 +33,7 @@ from service.format.tokenizer import (
 from training.importers.hf import load_hf
 from training.importers.nanogpt import load_nanogpt
 from training.importers.source import ImporterError, SourceTables
+from training.importers.spm_tokenizer import convert
 from training.importers.tokenizer_json import ResolvedTokenizer, resolve
 
 __all__ = ["LLAMA3_PAT_STR", "main", "write_imported"]
@@ -110,7 +112,8 @@ def _tiktoken_choice(args: argparse.Namespace, family: str) -> tuple[TokenizerSp
 
 
 def _choose_tokenizer(args: argparse.Namespace, tables: SourceTables) -> Choice:
-    """--no-tokenizer; --tokenizer FILE.tiktoken; DIR/tokenizer.json; else ids-only."""
+    """--no-tokenizer; --tokenizer FILE.tiktoken; DIR/tokenizer.json; DIR/tokenizer.model
+    (SentencePiece, converted by transformers); else ids-only."""
     if args.command == "nanogpt":
         if args.tokenizer is None:
             return gpt2_spec(), default_ranks_path()  # sha256 checked on load
@@ -119,13 +122,13 @@ def _choose_tokenizer(args: argparse.Namespace, tables: SourceTables) -> Choice:
         return None
     if args.tokenizer is not None:
         return _tiktoken_choice(args, tables.family)
-    resolved = resolve(args.dir, tables.family)
+    resolved = resolve(args.dir, tables.family) or convert(args.dir, tables.family)
     if resolved is not None:
         return resolved
     if args.command == "hf-gpt2":
         return gpt2_spec(), default_ranks_path()  # GPT-2's own ranks, sha256 checked
-    print(f"note: {args.dir} has no tokenizer.json: importing ids-only (text requests "
-          f"will get FAILED_PRECONDITION)", file=sys.stderr)
+    print(f"note: {args.dir} has no tokenizer.json or tokenizer.model: importing ids-only "
+          f"(text requests will get FAILED_PRECONDITION)", file=sys.stderr)
     return None
 
 
@@ -155,6 +158,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--pat-str", help="pre-tokenizer regex of a --tokenizer .tiktoken")
         s.add_argument("--special-tokens", help="JSON object (or file) of name -> id")
         s.add_argument("--encoding", help="encoding name of a --tokenizer .tiktoken")
+        s.add_argument("--discover", action="store_true",
+                       help="find the rule by running the family's transformers code even "
+                            "for a hand-written family, and refuse unless both agree "
+                            "(model types without an entry are always discovered)")
     return p
 
 
@@ -166,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--out models/<name>/<version> is required (or --name-map-check)")
     try:
         if args.command in _HF_COMMANDS:
-            tables = load_hf(args.dir, args.max_seq_len, _HF_COMMANDS[args.command])
+            tables = load_hf(args.dir, args.max_seq_len, _HF_COMMANDS[args.command],
+                             discover=args.discover)
         else:
             tables = load_nanogpt(args.ckpt)
         if args.name_map_check:

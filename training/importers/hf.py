@@ -1,5 +1,9 @@
-"""Any supported Hugging Face model directory -> ``SourceTables``, by its ``model_type``.
+"""Any Hugging Face model directory -> ``SourceTables``, by its ``model_type``.
 
+A hand-written family (``families.py``) is read through its explicit name map; any other
+``model_type`` goes through discovery (``discovery.py``: the family's own transformers
+code run on probes decides the rule, or the model is refused). ``discover=True`` runs
+discovery for a hand-written family too and refuses the import unless both agree.
 Only the tensors the input embeddings need are read (the rest of a 16 GB checkpoint is
 never opened beyond its header); every shape is checked against config.json first.
 """
@@ -8,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from training.importers.discovery import discover as discover_tables
 from training.importers.families import FAMILIES, Family, supported
 from training.importers.source import (
     ImporterError,
@@ -50,11 +55,45 @@ def _max_seq_len(family: Family, src: SafetensorsDir, flag: int | None) -> int:
 
 
 def load_hf(model_dir: Path, max_seq_len: int | None = None,
-            expect: str | None = None) -> SourceTables:
-    """Read the embedding tensors of a supported HF model (``expect``: the only
-    model_type an alias such as ``hf-gpt2`` accepts)."""
+            expect: str | None = None, discover: bool = False) -> SourceTables:
+    """Read the embedding tensors of an HF model (``expect``: the only model_type an alias
+    such as ``hf-gpt2`` accepts): a hand-written family by its name map, any other by
+    discovery; ``discover``: discovery for a hand-written family too, cross-checked."""
     src = SafetensorsDir(model_dir)
+    model_type = src.config.get("model_type")
+    if expect is None and str(model_type) not in FAMILIES:
+        try:
+            return discover_tables(src, max_seq_len)
+        except ImporterError as e:
+            raise ImporterError(f"{src.dir / 'config.json'}: model_type {model_type!r} has "
+                                f"no hand-written entry (those: {supported()}) and "
+                                f"discovery refused it: {e}") from e
     family = family_of(src)
+    if discover:
+        found = discover_tables(SafetensorsDir(model_dir), max_seq_len)
+        written = _load_family(src, family, max_seq_len)
+        cross_check(found, written)
+        return found
+    return _load_family(src, family, max_seq_len, expect)
+
+
+def cross_check(found: SourceTables, written: SourceTables) -> None:
+    """Refuse unless discovery found the hand-written entry's rule and tensors."""
+    where = f"model_type {written.family!r}"
+    if found.rules != written.rules:
+        raise ImporterError(f"{where}: discovery found rules {found.rules.describe()!r}, the "
+                            f"hand-written entry has {written.rules.describe()!r}")
+    if found.names != written.names:
+        raise ImporterError(f"{where}: discovery read {found.names}, the hand-written "
+                            f"entry {written.names}")
+    if (found.max_seq_len, found.vocab_size) != (written.max_seq_len, written.vocab_size):
+        raise ImporterError(f"{where}: discovery found max_seq_len {found.max_seq_len}, "
+                            f"vocab_size {found.vocab_size}; the hand-written entry "
+                            f"{written.max_seq_len}, {written.vocab_size}")
+
+
+def _load_family(src: SafetensorsDir, family: Family, max_seq_len: int | None,
+                 expect: str | None = None) -> SourceTables:
     if expect is not None and family.model_type != expect:
         raise ImporterError(f"{src.dir / 'config.json'}: model_type "
                             f"{family.model_type!r}, but hf-{expect} imports only {expect!r} "

@@ -1,0 +1,77 @@
+"""A model that ships only a SentencePiece ``tokenizer.model``: its fast tokenizer, converted
+at import by transformers, then stored and checked like any ``tokenizer.json``.
+
+``AutoTokenizer.from_pretrained(DIR)`` converts the SentencePiece model into a
+``tokenizers`` backend (transformers' own converter; it needs the ``sentencepiece``
+package). That backend's JSON goes through ``tokenizer_json.resolve`` as if the directory
+had shipped it (the same tokenizer_config.json emulation), and the result must encode the
+probe texts exactly as the original directory's AutoTokenizer does, with and without
+special tokens; otherwise the import is refused.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from service.format.hf_tokenizer import HF_TOKENIZER_FILE
+from training.importers.reference import IMPORT_EXTRA
+from training.importers.source import ImporterError, sha256_file
+from training.importers.tokenizer_json import PROBE_TEXTS, ResolvedTokenizer, resolve
+
+__all__ = ["SPM_FILE", "convert"]
+
+SPM_FILE = "tokenizer.model"
+_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+def convert(model_dir: Path, name: str) -> ResolvedTokenizer | None:
+    """The converted tokenizer of a directory with ``tokenizer.model`` and no
+    ``tokenizer.json``; None when it has no ``tokenizer.model``."""
+    source = model_dir / SPM_FILE
+    if not source.is_file() or (model_dir / HF_TOKENIZER_FILE).is_file():
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise ImporterError(f"{source}: converting a SentencePiece tokenizer needs "
+                            f"transformers and sentencepiece: {IMPORT_EXTRA}; or pass "
+                            f"--no-tokenizer to import ids-only") from e
+    try:
+        auto = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as e:  # transformers raises many types; the message says which
+        raise ImporterError(f"{source}: AutoTokenizer could not load it ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}); "
+                            f"{IMPORT_EXTRA} installs sentencepiece, or pass "
+                            f"--no-tokenizer") from e
+    backend = getattr(auto, "backend_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        raise ImporterError(f"{source}: AutoTokenizer ({type(auto).__name__}) has no "
+                            f"tokenizers backend to store")
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp)
+        (staged / HF_TOKENIZER_FILE).write_text(backend.to_str(), encoding="utf-8")
+        for config in _CONFIG_FILES:
+            if (model_dir / config).is_file():
+                shutil.copyfile(model_dir / config, staged / config)
+        resolved = resolve(staged, name)
+    assert resolved is not None
+    stored = Tokenizer.from_str(resolved.data)
+    for add in (True, False):
+        for text in PROBE_TEXTS:
+            want = auto(text, add_special_tokens=add)["input_ids"]
+            got = stored.encode(text, add_special_tokens=add).ids
+            if got != want:
+                raise ImporterError(f"{source}: the converted tokenizer encodes {text!r} as "
+                                    f"{got}, AutoTokenizer as {want}")
+    files = {p.name: sha256_file(p) for p in (source, *(model_dir / c for c in _CONFIG_FILES))
+             if p.is_file()}
+    resolved.provenance.update({
+        "tokenizer_source": f"{SPM_FILE} converted by transformers ({type(auto).__name__})",
+        "tokenizer_check": "matches AutoTokenizer on the probe texts, with and without "
+                           "special tokens",
+        "tokenizer_files": files})
+    return resolved
