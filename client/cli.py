@@ -23,6 +23,7 @@ import numpy as np
 
 from client.client import DEFAULT_TARGET, EmbeddingClient
 from client.codec import COMPOSE, DTYPES, TRUNCATE, Embedding, EmbeddingError
+from client.grammar import SPELLINGS, enum_value, parse_ids
 from client.shm import SharedMemoryRegion
 
 __all__ = ["CommandError", "build_parser", "format_embedding", "main"]
@@ -37,10 +38,28 @@ class CommandError(Exception):
 
 def _ids(value: str) -> list[int]:
     try:
-        return [int(x) for x in value.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of "
-                                         f"integers") from None
+        return parse_ids(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _spelling(field: str) -> Callable[[str], str]:
+    # Every spelling client.grammar accepts (token, token_only, COMPOSE_TOKEN_ONLY), checked
+    # here so a bad one is a usage error naming the accepted ones before anything is sent.
+    def check(value: str) -> str:
+        try:
+            enum_value(field, value)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return value
+
+    check.__name__ = field
+    return check
+
+
+def _enum_help(field: str) -> str:
+    others = [s for name, short in SPELLINGS[field].items() for s in (*short[1:], name)]
+    return f"also: {', '.join(others)}"
 
 
 def _token_text(token: bytes) -> str:
@@ -181,14 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = command("embed", _embed, "embed TEXT (or --ids) and show the (T, C) array")
     e.add_argument("text", nargs="?")
-    e.add_argument("--ids", type=_ids, help="comma-separated token ids instead of TEXT")
+    e.add_argument("--ids", type=_ids, help="token ids instead of TEXT: integers separated "
+                   "by commas, e.g. 1,2,3 (spaces around them are ignored)")
     e.add_argument("--start-position", type=int, default=0)
-    e.add_argument("--compose", choices=list(COMPOSE), default="token+position")
-    e.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    e.add_argument("--compose", type=_spelling("compose"), default="token+position",
+                   metavar="{" + ",".join(COMPOSE) + "}", help=_enum_help("compose"))
+    e.add_argument("--dtype", type=_spelling("dtype"), default="float32",
+                   metavar="{" + ",".join(DTYPES) + "}", help=_enum_help("dtype"))
     e.add_argument("--add-special-tokens", action=argparse.BooleanOptionalAction,
                    default=None, help="add (or omit) the model's BOS/EOS; default: "
                    "the model's own default")
-    e.add_argument("--truncate", choices=list(TRUNCATE), default="none")
+    e.add_argument("--truncate", type=_spelling("truncate"), default="none",
+                   metavar="{" + ",".join(TRUNCATE) + "}", help=_enum_help("truncate"))
     e.add_argument("--allow-special-tokens", action="store_true")
     e.add_argument("--out", help="save the array here with np.save (.npy)")
     e.add_argument("--shm", action="store_true",

@@ -143,8 +143,9 @@ def test_unreachable_server_exact_message() -> None:
 def test_bad_usage_exits_2_without_traceback() -> None:
     proc = embedctl("embed", "--ids", "1,x")
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == ("embedctl embed: error: argument --ids: '1,x' is "
-                                            "not a comma-separated list of integers")
+    assert proc.stderr.splitlines()[-1] == (
+        "embedctl embed: error: argument --ids: item 2 of the token ids, 'x', is not an "
+        "integer: give integers separated by commas, e.g. 1,2,3")
     assert "Traceback" not in proc.stderr
 
 
