@@ -13,16 +13,23 @@ Failures print one line, ``embedctl: <what happened>``, to stderr and exit 1; ne
 
 from __future__ import annotations
 
+import os
+
+# grpc's core logs a failed TLS handshake at INFO on stderr, and reads this only when grpc
+# is first imported: embedctl says what failed in one line itself.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Callable, Sequence
 
+import grpc
 import numpy as np
 
 from client.client import DEFAULT_TARGET, EmbeddingClient
 from client.codec import COMPOSE, DTYPES, TRUNCATE, Embedding, EmbeddingError
+from client.diagnose import explain, probe, split_target
 from client.grammar import SPELLINGS, enum_value, parse_ids
 from client.shm import SharedMemoryRegion
 
@@ -228,6 +235,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _failure(err: EmbeddingError, args: argparse.Namespace) -> str:
+    """The one line for a failed call: the server's answer, or why there was none."""
+    if err.unreachable:
+        # grpc's wording does not tell these apart reliably: look at the listener itself.
+        where = split_target(args.target)
+        if where is None:
+            return f"server not reachable at {args.target}: {err.details}"
+        client_tls = bool(args.tls or args.tls_ca or args.tls_cert or args.tls_key)
+        listener = probe(*where, timeout=min(args.timeout, 3.0))
+        return explain(args.target, listener, client_tls, err.details)
+    line = f"{err.code.name}: {err.details}"
+    if err.code == grpc.StatusCode.UNAUTHENTICATED:
+        return line + (": the server refused this token; check --token (or $EMBED_TOKEN)"
+                       if args.token else
+                       ": the server wants a bearer token; pass it with --token (or "
+                       "$EMBED_TOKEN)")
+    if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return line + (f": no answer within {args.timeout:g} s; raise --timeout, or check "
+                       f"that --target is the service's gRPC port")
+    return line
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run embedctl; returns the exit status (0 ok, 1 failed, 2 bad usage)."""
     args = build_parser().parse_args(argv)
@@ -238,9 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              client_key=args.tls_key) as client:
             args.run(client, args)
     except EmbeddingError as err:
-        msg = (f"server not reachable at {args.target}" if err.unreachable
-               else f"{err.code.name}: {err.details}")
-        print(f"embedctl: {msg}", file=sys.stderr)
+        print(f"embedctl: {_failure(err, args)}", file=sys.stderr)
         return 1
     except OSError as err:  # an unreadable TLS file
         print(f"embedctl: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
