@@ -6,7 +6,7 @@ const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { decodeTensor, encodeInt64LE } = require('./decode');
-const { embedRequest, inferRequest } = require('./grammar');
+const { embedRequest, inferRequest, parseIds } = require('./grammar');
 
 const PROTO_ROOT = path.resolve(__dirname, '..', '..', 'proto');
 
@@ -251,4 +251,5 @@ function inferResult(response) {
 
 module.exports = {
   PROTO_ROOT, stubs, connect, embed, embedStream, modelInfer, encodeBytesTensor, grpc,
+  parseIds, // "1,2,3" -> [1, 2, 3], the id-list grammar every tool shares
 };
