@@ -13,16 +13,24 @@ Failures print one line, ``embedctl: <what happened>``, to stderr and exit 1; ne
 
 from __future__ import annotations
 
+import os
+
+# grpc's core logs a failed TLS handshake at INFO on stderr, and reads this only when grpc
+# is first imported: embedctl says what failed in one line itself.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Callable, Sequence
 
+import grpc
 import numpy as np
 
 from client.client import DEFAULT_TARGET, EmbeddingClient
 from client.codec import COMPOSE, DTYPES, TRUNCATE, Embedding, EmbeddingError
+from client.diagnose import explain, probe, split_target
+from client.grammar import SPELLINGS, enum_value, parse_ids
 from client.shm import SharedMemoryRegion
 
 __all__ = ["CommandError", "build_parser", "format_embedding", "main"]
@@ -37,10 +45,28 @@ class CommandError(Exception):
 
 def _ids(value: str) -> list[int]:
     try:
-        return [int(x) for x in value.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of "
-                                         f"integers") from None
+        return parse_ids(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _spelling(field: str) -> Callable[[str], str]:
+    # Every spelling client.grammar accepts (token, token_only, COMPOSE_TOKEN_ONLY), checked
+    # here so a bad one is a usage error naming the accepted ones before anything is sent.
+    def check(value: str) -> str:
+        try:
+            enum_value(field, value)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return value
+
+    check.__name__ = field
+    return check
+
+
+def _enum_help(field: str) -> str:
+    others = [s for name, short in SPELLINGS[field].items() for s in (*short[1:], name)]
+    return f"also: {', '.join(others)}"
 
 
 def _token_text(token: bytes) -> str:
@@ -181,14 +207,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = command("embed", _embed, "embed TEXT (or --ids) and show the (T, C) array")
     e.add_argument("text", nargs="?")
-    e.add_argument("--ids", type=_ids, help="comma-separated token ids instead of TEXT")
+    e.add_argument("--ids", type=_ids, help="token ids instead of TEXT: integers separated "
+                   "by commas, e.g. 1,2,3 (spaces around them are ignored)")
     e.add_argument("--start-position", type=int, default=0)
-    e.add_argument("--compose", choices=list(COMPOSE), default="token+position")
-    e.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    e.add_argument("--compose", type=_spelling("compose"), default="token+position",
+                   metavar="{" + ",".join(COMPOSE) + "}", help=_enum_help("compose"))
+    e.add_argument("--dtype", type=_spelling("dtype"), default="float32",
+                   metavar="{" + ",".join(DTYPES) + "}", help=_enum_help("dtype"))
     e.add_argument("--add-special-tokens", action=argparse.BooleanOptionalAction,
                    default=None, help="add (or omit) the model's BOS/EOS; default: "
                    "the model's own default")
-    e.add_argument("--truncate", choices=list(TRUNCATE), default="none")
+    e.add_argument("--truncate", type=_spelling("truncate"), default="none",
+                   metavar="{" + ",".join(TRUNCATE) + "}", help=_enum_help("truncate"))
     e.add_argument("--allow-special-tokens", action="store_true")
     e.add_argument("--out", help="save the array here with np.save (.npy)")
     e.add_argument("--shm", action="store_true",
@@ -205,6 +235,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _failure(err: EmbeddingError, args: argparse.Namespace) -> str:
+    """The one line for a failed call: the server's answer, or why there was none."""
+    if err.unreachable:
+        # grpc's wording does not tell these apart reliably: look at the listener itself.
+        where = split_target(args.target)
+        if where is None:
+            return f"server not reachable at {args.target}: {err.details}"
+        client_tls = bool(args.tls or args.tls_ca or args.tls_cert or args.tls_key)
+        listener = probe(*where, timeout=min(args.timeout, 3.0))
+        return explain(args.target, listener, client_tls, err.details)
+    line = f"{err.code.name}: {err.details}"
+    if err.code == grpc.StatusCode.UNAUTHENTICATED:
+        return line + (": the server refused this token; check --token (or $EMBED_TOKEN)"
+                       if args.token else
+                       ": the server wants a bearer token; pass it with --token (or "
+                       "$EMBED_TOKEN)")
+    if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return line + (f": no answer within {args.timeout:g} s; raise --timeout, or check "
+                       f"that --target is the service's gRPC port")
+    return line
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run embedctl; returns the exit status (0 ok, 1 failed, 2 bad usage)."""
     args = build_parser().parse_args(argv)
@@ -215,9 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              client_key=args.tls_key) as client:
             args.run(client, args)
     except EmbeddingError as err:
-        msg = (f"server not reachable at {args.target}" if err.unreachable
-               else f"{err.code.name}: {err.details}")
-        print(f"embedctl: {msg}", file=sys.stderr)
+        print(f"embedctl: {_failure(err, args)}", file=sys.stderr)
         return 1
     except OSError as err:  # an unreadable TLS file
         print(f"embedctl: cannot read {err.filename}: {err.strerror}", file=sys.stderr)

@@ -9,13 +9,24 @@ shifted left by 16 are the float32 bits of the same value: no rounding happens);
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
 import grpc
 import numpy as np
 
+from client.grammar import (
+    MAX_ID,
+    SPELLINGS,
+    UINT32_MAX,
+    check_bool,
+    check_int,
+    check_option_names,
+    check_str,
+    enum_value,
+    token_id,
+)
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = [
@@ -35,12 +46,10 @@ __all__ = [
     "stream_request",
 ]
 
-COMPOSE = {"token+position": pb.COMPOSE_TOKEN_PLUS_POSITION, "token": pb.COMPOSE_TOKEN_ONLY,
-           "position": pb.COMPOSE_POSITION_ONLY}
-# Mirrored from the generated enum (DTYPE_FLOAT32 → "float32"), never written by hand: the
-# server's table (service/dtypes.py) uses the same names.
-DTYPES = {name.removeprefix("DTYPE_").lower(): value for name, value in pb.DType.items()}
-TRUNCATE = {"none": pb.TRUNCATE_NONE, "right": pb.TRUNCATE_RIGHT, "left": pb.TRUNCATE_LEFT}
+# Short name -> enum value, the names embedctl shows; client.grammar accepts more spellings.
+COMPOSE = {short[0]: pb.Compose.Value(name) for name, short in SPELLINGS["compose"].items()}
+DTYPES = {short[0]: pb.DType.Value(name) for name, short in SPELLINGS["dtype"].items()}
+TRUNCATE = {short[0]: pb.Truncate.Value(name) for name, short in SPELLINGS["truncate"].items()}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _WIRE: dict[int, np.dtype[Any]] = {pb.DTYPE_FLOAT32: np.dtype("<f4"),
                                     pb.DTYPE_FLOAT16: np.dtype("<f2"),
@@ -119,47 +128,35 @@ class Embedding:
     wire_dtype: str  # float32 | float16 | bfloat16: what the server sent
 
 
-def _enum(value: str | int, table: Mapping[str, int], what: str) -> Any:
-    # Ints pass through unchecked so callers can use the pb enums (or probe the server).
-    # Any: the pb stubs type each enum field as its own int subclass.
-    if isinstance(value, int):
-        return value
-    try:
-        return table[value]
-    except KeyError:
-        raise ValueError(f"{what} {value!r}: expected one of {', '.join(table)}") from None
-
-
-def _check_names(options: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    # **options is a plain dict at run time: a misspelt name would otherwise be ignored.
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise TypeError(f"unknown option(s) {', '.join(unknown)}; expected some of "
-                        f"{', '.join(sorted(allowed))}")
-
-
 def _token_ids(ids: Sequence[int]) -> pb.TokenIds:
-    return pb.TokenIds(ids=[int(i) for i in ids])
+    return pb.TokenIds(ids=[token_id(i, x) for i, x in enumerate(ids)])
 
 
 def embed_request(text: str | None = None, ids: Sequence[int] | None = None,
                   **options: Unpack[EmbedOptions]) -> pb.EmbedRequest:
-    """An EmbedRequest for exactly one of ``text`` or ``ids``; ValueError on bad options."""
-    _check_names(options, EmbedOptions.__optional_keys__)
+    """An EmbedRequest for exactly one of ``text`` or ``ids``.
+
+    A misspelt option name is a TypeError; a bad value (unknown spelling, wrong type, out
+    of range) a ValueError naming it (client.grammar: the rules every tool shares).
+    """
+    check_option_names(options, EmbedOptions.__optional_keys__)
     if (text is None) == (ids is None):
         raise ValueError("give exactly one of text or ids")
     req = pb.EmbedRequest(
-        model=options.get("model", ""), version=options.get("version", 0),
-        start_position=options.get("start_position", 0),
-        compose=_enum(options.get("compose", "token+position"), COMPOSE, "compose"),
-        dtype=_enum(options.get("dtype", "float32"), DTYPES, "dtype"),
-        truncate=_enum(options.get("truncate", "none"), TRUNCATE, "truncate"),
-        allow_special_tokens=options.get("allow_special_tokens", False),
-        request_id=options.get("request_id", ""))
+        model=check_str("model", options.get("model", "")),
+        version=check_int("version", options.get("version", 0), 0, MAX_ID),
+        start_position=check_int("start_position", options.get("start_position", 0), 0,
+                                 UINT32_MAX),
+        compose=enum_value("compose", options.get("compose", "token+position")),
+        dtype=enum_value("dtype", options.get("dtype", "float32")),
+        truncate=enum_value("truncate", options.get("truncate", "none")),
+        allow_special_tokens=check_bool("allow_special_tokens",
+                                        options.get("allow_special_tokens", False)),
+        request_id=check_str("request_id", options.get("request_id", "")))
     if "add_special_tokens" in options:
-        req.add_special_tokens = bool(options["add_special_tokens"])
+        req.add_special_tokens = check_bool("add_special_tokens", options["add_special_tokens"])
     if text is not None:
-        req.text = text
+        req.text = check_str("text", text)
     elif ids is not None:
         req.token_ids.CopyFrom(_token_ids(ids))
     return req
@@ -168,13 +165,16 @@ def embed_request(text: str | None = None, ids: Sequence[int] | None = None,
 def batch_request(inputs: Sequence[str | Sequence[int]], start_positions: int | Sequence[int],
                   **options: Unpack[BatchOptions]) -> pb.EmbedBatchRequest:
     """An EmbedBatchRequest: one EmbedInput per text or id sequence, shared options."""
-    _check_names(options, BatchOptions.__optional_keys__)
+    check_option_names(options, BatchOptions.__optional_keys__)
     starts = ([start_positions] * len(inputs) if isinstance(start_positions, int)
               else list(start_positions))
     if len(starts) != len(inputs):
         raise ValueError(f"{len(starts)} start_positions for {len(inputs)} inputs")
-    items = [pb.EmbedInput(text=x, start_position=s) if isinstance(x, str)
-             else pb.EmbedInput(token_ids=_token_ids(x), start_position=s)
+    items = [pb.EmbedInput(text=x, start_position=check_int("start_position", s, 0,
+                                                             UINT32_MAX))
+             if isinstance(x, str)
+             else pb.EmbedInput(token_ids=_token_ids(x),
+                                start_position=check_int("start_position", s, 0, UINT32_MAX))
              for x, s in zip(inputs, starts)]
     shared = embed_request(ids=(), **options)  # one place validates the shared options
     batch = pb.EmbedBatchRequest(

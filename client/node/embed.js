@@ -6,6 +6,7 @@ const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { decodeTensor, encodeInt64LE } = require('./decode');
+const { embedRequest, inferRequest, parseIds } = require('./grammar');
 
 const PROTO_ROOT = path.resolve(__dirname, '..', '..', 'proto');
 
@@ -65,9 +66,15 @@ function withValues(response) {
  * @returns {Promise<object>} the EmbedResponse plus shape, dtype, values (Float32Array)
  */
 function embed(target, request, options = {}) {
+  let message;
+  try {
+    message = embedRequest(request); // refused here, before anything is sent
+  } catch (err) {
+    return Promise.reject(err);
+  }
   const client = connect('EmbeddingService', target, options);
   return new Promise((resolve, reject) => {
-    client.Embed(request, { deadline: deadline(options) }, (err, response) => {
+    client.Embed(message, { deadline: deadline(options) }, (err, response) => {
       client.close();
       if (err) reject(err);
       else resolve(withValues(response));
@@ -83,6 +90,19 @@ function embed(target, request, options = {}) {
  * @returns {Promise<object[]>}
  */
 function embedStream(target, requests, options = {}) {
+  let messages;
+  try {
+    // Every request is checked before the stream opens: none is sent if one is bad.
+    messages = requests.map((request, i) => {
+      try {
+        return embedRequest(request);
+      } catch (err) {
+        throw new Error(`request ${i}: ${err.message}`);
+      }
+    });
+  } catch (err) {
+    return Promise.reject(err);
+  }
   const client = connect('EmbeddingService', target, options);
   return new Promise((resolve, reject) => {
     const responses = [];
@@ -103,7 +123,7 @@ function embedStream(target, requests, options = {}) {
         resolve(responses);
       }
     });
-    for (const request of requests) call.write(request);
+    for (const message of messages) call.write(message);
     call.end();
   });
 }
@@ -133,20 +153,28 @@ function parameterValue(p) {
  * @param {object} request  the short form: { model_name, model_version ('' = newest), id,
  *   input_ids: [[...], ...] (B rows of equal length T, sent as INT64 [B, T]) or
  *   text: ['...', ...] (BYTES [B]), start_position, compose ('token_plus_position' |
- *   'token_only' | 'position_only'), datatype ('FP32' | 'FP16' | 'BF16'), truncate
+ *   'token_only' | 'position_only', or any spelling grammar.js accepts), datatype ('FP32' |
+ *   'FP16' | 'BF16', or 'float16', 'DTYPE_FLOAT16', ...), truncate
  *   ('none' | 'right' | 'left') }
  * @returns {Promise<object>} { model_name, model_version, id, parameters (plain values),
  *   outputs: [{ name, datatype, shape, values }] } where `embeddings` values are a
  *   Float32Array [B*T*C] and `sequence_lengths` values are numbers
  */
-function modelInfer(target, request, options = {}) {
+function modelInfer(target, given, options = {}) {
+  let request;
+  try {
+    request = inferRequest(given); // unknown keys, spellings and types refused here
+  } catch (err) {
+    return Promise.reject(err);
+  }
   let input;
   let raw;
   if (request.input_ids !== undefined) {
     const rows = request.input_ids;
     const T = rows.length ? rows[0].length : 0;
     if (rows.some((row) => row.length !== T)) {
-      throw new Error('input_ids rows must all have the same length (a [B, T] tensor)');
+      return Promise.reject(
+        new Error('input_ids rows must all have the same length (a [B, T] tensor)'));
     }
     input = { name: 'input_ids', datatype: 'INT64', shape: [rows.length, T] };
     raw = encodeInt64LE(rows.flat());
@@ -168,9 +196,9 @@ function modelInfer(target, request, options = {}) {
     embeddings.parameters.datatype = { string_param: request.datatype };
   }
   const message = {
-    model_name: request.model_name || '',
-    model_version: request.model_version || '',
-    id: request.id || '',
+    model_name: request.model_name,
+    model_version: request.model_version,
+    id: request.id,
     parameters,
     inputs: [input],
     outputs: [embeddings, { name: 'sequence_lengths' }],
@@ -223,4 +251,5 @@ function inferResult(response) {
 
 module.exports = {
   PROTO_ROOT, stubs, connect, embed, embedStream, modelInfer, encodeBytesTensor, grpc,
+  parseIds, // "1,2,3" -> [1, 2, 3], the id-list grammar every tool shares
 };

@@ -1,7 +1,9 @@
-"""Client fixtures on top of tests/conftest.py's real server: the tables, read back."""
+"""Client fixtures on top of tests/conftest.py's real server: the tables, read back, and
+certificates made by openssl for the TLS tests."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,3 +36,27 @@ def reference(tiny_checkpoint: Checkpoint) -> Reference:
         return out.numpy()
 
     return rows
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _signed(name: str, cn: str, d: Path, ext: str) -> None:
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+             "-out", f"{name}.csr", "-subj", f"/CN={cn}", cwd=d)
+    (d / f"{name}.ext").write_text(ext)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "2", "-out", f"{name}.pem", "-extfile", f"{name}.ext",
+             cwd=d)
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ca.pem; server.pem/key for IP 127.0.0.1; client.pem/key; all signed by the CA."""
+    d = tmp_path_factory.mktemp("tls")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+             "-out", "ca.pem", "-days", "2", "-subj", "/CN=test-ca", cwd=d)
+    _signed("server", "localhost", d, "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _signed("client", "embed-client", d, "extendedKeyUsage=clientAuth\n")
+    return d

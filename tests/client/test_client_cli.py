@@ -135,16 +135,19 @@ def test_errors_return_1_with_one_line(server: ServerHandle, args: list[str], me
 def test_unreachable_server_exact_message() -> None:
     proc = embedctl("--target", "127.0.0.1:1", "--timeout", "5", "embed", "hello world")
     assert (proc.returncode, proc.stdout) == (1, "")
-    assert proc.stderr == "embedctl: server not reachable at 127.0.0.1:1\n"
+    refused = ("embedctl: nothing is listening at 127.0.0.1:1 (connection refused): start the "
+               "server, or point --target (or $EMBED_TARGET) at its gRPC port\n")
+    assert proc.stderr == refused
     proc = embedctl("models", env={"EMBED_TARGET": "127.0.0.1:1"})
-    assert proc.stderr == "embedctl: server not reachable at 127.0.0.1:1\n"
+    assert proc.stderr == refused
 
 
 def test_bad_usage_exits_2_without_traceback() -> None:
     proc = embedctl("embed", "--ids", "1,x")
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == ("embedctl embed: error: argument --ids: '1,x' is "
-                                            "not a comma-separated list of integers")
+    assert proc.stderr.splitlines()[-1] == (
+        "embedctl embed: error: argument --ids: item 2 of the token ids, 'x', is not an "
+        "integer: give integers separated by commas, e.g. 1,2,3")
     assert "Traceback" not in proc.stderr
 
 

@@ -92,7 +92,10 @@ def test_embed_request_rejects_bad_arguments() -> None:
         embed_request("a", [1])
     with pytest.raises(ValueError) as info:
         embed_request("a", compose="sum")
-    assert str(info.value) == "compose 'sum': expected one of token+position, token, position"
+    assert str(info.value) == (
+        "compose 'sum': expected one of token+position, token_plus_position, "
+        "COMPOSE_TOKEN_PLUS_POSITION, token, token_only, COMPOSE_TOKEN_ONLY, position, "
+        "position_only, COMPOSE_POSITION_ONLY")
     with pytest.raises(ValueError, match="dtype 'fp8'"):
         embed_request("a", dtype="fp8")
     with pytest.raises(ValueError, match="truncate 'middle'"):
@@ -100,9 +103,9 @@ def test_embed_request_rejects_bad_arguments() -> None:
     with pytest.raises(TypeError) as type_info:
         embed_request("a", dtyp="float16")  # type: ignore[call-arg]
     assert str(type_info.value) == (
-        "unknown option(s) dtyp; expected some of add_special_tokens, allow_special_tokens, "
+        "unknown option 'dtyp'; known options: add_special_tokens, allow_special_tokens, "
         "compose, dtype, model, request_id, start_position, truncate, version")
-    with pytest.raises(TypeError, match=r"unknown option\(s\) start_position;"):
+    with pytest.raises(TypeError, match=r"unknown option 'start_position';"):
         batch_request(["a"], 0, start_position=3)  # type: ignore[call-arg]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,30 +12,6 @@ from client import EmbeddingClient, EmbeddingError
 from client.cli import main
 from service.server import ServerHandle
 from tests.tiny_model import start
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _signed(name: str, cn: str, d: Path, ext: str) -> None:
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
-             "-out", f"{name}.csr", "-subj", f"/CN={cn}", cwd=d)
-    (d / f"{name}.ext").write_text(ext)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-days", "2", "-out", f"{name}.pem", "-extfile", f"{name}.ext",
-             cwd=d)
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """ca.pem; server.pem/key for IP 127.0.0.1; client.pem/key; all signed by the CA."""
-    d = tmp_path_factory.mktemp("tls")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
-             "-out", "ca.pem", "-days", "2", "-subj", "/CN=test-ca", cwd=d)
-    _signed("server", "localhost", d, "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _signed("client", "embed-client", d, "extendedKeyUsage=clientAuth\n")
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "client" / "node"
 CLI = NODE_DIR / "cli.js"
 DECODE_TESTS = NODE_DIR / "test" / "decode.test.js"
+GRAMMAR_TESTS = NODE_DIR / "test" / "grammar.test.js"
 HELLO_WORLD = [31373, 995]  # "hello world" in GPT-2 BPE
 HELLO = [31373]
 IDS = [31373, 995, 50256, 0, 7]
@@ -191,7 +192,7 @@ def test_model_infer_ragged_text_pads_with_zeros(node: str, server: ServerHandle
 @pytest.mark.parametrize(("command", "request_json", "code", "names"), [
     ("embed", {"token_ids": {"ids": [50257]}}, "INVALID_ARGUMENT", "50257"),
     ("embed", {"model": "nope", "text": "hi"}, "NOT_FOUND", "nope"),
-    ("infer", {"input_ids": [[1, 2]], "compose": "sideways"}, "INVALID_ARGUMENT", "compose"),
+    ("infer", {"input_ids": [[1, 2]], "start_position": 70}, "INVALID_ARGUMENT", "70"),
 ])
 def test_errors_are_one_line_with_the_status_code(node: str, server: ServerHandle,
                                                   command: str, request_json: dict[str, Any],
@@ -204,11 +205,67 @@ def test_errors_are_one_line_with_the_status_code(node: str, server: ServerHandl
     assert proc.stderr.count("\n") == 1
 
 
-def test_node_decode_unit_tests_pass(node: str) -> None:
-    # The pure fp16/bf16 decode tests, run by Node's own runner: all of them, none failed.
-    declared = len(re.findall(r"^test\(", DECODE_TESTS.read_text(), flags=re.M))
+@pytest.mark.parametrize(("spelling", "compose"), [("token", "token_only"),
+                                                  ("token_only", "token_only"),
+                                                  ("position", "position_only")])
+def test_embed_takes_every_tools_spelling(node: str, server: ServerHandle, expected: Expected,
+                                          spelling: str, compose: str) -> None:
+    # The spellings the Python client and embedctl take mean the same here (they used to
+    # fall back to token+position silently: positions then got added twice downstream).
+    request = {"token_ids": {"ids": IDS}, "start_position": 3, "compose": spelling,
+               "dtype": "float16"}
+    out = cli_json(node, "embed", "--target", server.target, "--request", json.dumps(request))
+    assert out["dtype"] == "DTYPE_FLOAT16"
+    assert_bits_equal(values(out, [5, 16]), expected(IDS, 3, compose, "FP16"))
+    assert not np.array_equal(expected(IDS, 3, compose, "FP16"),
+                              expected(IDS, 3, "token_plus_position", "FP16"))
+
+
+@pytest.mark.parametrize(("command", "request_json", "message"), [
+    ("embed", {"text": "hi", "compose": "COMPOSE_TOKN_ONLY"},
+     "compose 'COMPOSE_TOKN_ONLY': expected one of token+position, token_plus_position, "
+     "COMPOSE_TOKEN_PLUS_POSITION, token, token_only, COMPOSE_TOKEN_ONLY, position, "
+     "position_only, COMPOSE_POSITION_ONLY"),
+    ("embed", {"text": "hi", "start_positon": 5},
+     "unknown option 'start_positon'; known options: add_special_tokens, "
+     "allow_special_tokens, compose, dtype, model, output, request_id, start_position, text, "
+     "token_ids, truncate, version"),
+    ("embed", {"text": "hi", "dtype": "half"}, "dtype 'half': expected one of float32, FP32, "
+     "DTYPE_FLOAT32, float16, FP16, DTYPE_FLOAT16, bfloat16, BF16, DTYPE_BFLOAT16"),
+    ("infer", {"input_ids": [[1, 2]], "compose": "sideways"}, "compose 'sideways': expected "
+     "one of token+position, token_plus_position"),
+    ("infer", {"input_ids": [[1, 2]], "dtype": "FP16"},
+     "unknown option 'dtype'; known options: compose, datatype, id, input_ids, model_name, "
+     "model_version, start_position, text, truncate"),
+])
+def test_unknown_keys_and_spellings_are_refused(node: str, command: str,
+                                                request_json: dict[str, Any],
+                                                message: str) -> None:
+    # Refused before anything is sent: the target has nothing listening, and the error is
+    # still the client's own message, not "server not reachable".
+    proc = run_cli(node, command, "--target", "127.0.0.1:1", "--request",
+                   json.dumps(request_json))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith(f"error: {message}"), proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_stream_refuses_a_bad_request_before_sending_any(node: str) -> None:
+    requests = [{"text": "a"}, {"text": "b", "compose": "tokens"}]
+    proc = run_cli(node, "stream", "--target", "127.0.0.1:1", "--requests",
+                   json.dumps(requests))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith("error: request 1: compose 'tokens': expected one of ")
+
+
+@pytest.mark.parametrize("tests_file", [DECODE_TESTS, GRAMMAR_TESTS])
+def test_node_unit_tests_pass(node: str, tests_file: Path) -> None:
+    # The pure decode tests and the shared input-table tests (tests/vectors/
+    # client_inputs.json through grammar.js and the page's parser), run by Node's own
+    # runner: all of them, none failed.
+    declared = len(re.findall(r"^\s*test\(", tests_file.read_text(), flags=re.M))
     # TAP named explicitly: newer Node versions default to the "spec" reporter.
-    proc = subprocess.run([node, "--test", "--test-reporter=tap", str(DECODE_TESTS)],
+    proc = subprocess.run([node, "--test", "--test-reporter=tap", str(tests_file)],
                           cwd=NODE_DIR, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -216,4 +273,4 @@ def test_node_decode_unit_tests_pass(node: str) -> None:
                              flags=re.M))
     assert counts == {"pass": str(declared), "fail": "0", "skipped": "0", "todo": "0",
                       "cancelled": "0"}
-    assert declared >= 8
+    assert declared >= 7

@@ -27,15 +27,36 @@ function modelPath() {
   return `/v2/models/${model}` + (version ? `/versions/${version}` : "");
 }
 
+// parseIdList: the id-list grammar of every client tool (client/grammar.py,
+// client/node/grammar.js; tests/vectors/client_inputs.json is the shared table, and
+// client/node/test/grammar.test.js runs this very function against it). Integers separated
+// by commas; spaces, tabs and line breaks around an item are ignored; anything else throws,
+// naming the item.
+function parseIdList(text) {
+  const form = "give integers separated by commas, e.g. 1,2,3";
+  const blank = /^[ \t\r\n]+|[ \t\r\n]+$/g;
+  if (text.replace(blank, "") === "") throw new Error(`no token ids: ${form}`);
+  return text.split(",").map((raw, i) => {
+    const item = raw.replace(blank, "");
+    if (item === "") throw new Error(`item ${i + 1} of the token ids is empty: ${form}`);
+    if (!/^-?[0-9]+$/.test(item)) {
+      throw new Error(`item ${i + 1} of the token ids, '${item}', is not an integer: ${form}`);
+    }
+    const value = Number(item);
+    if (!Number.isSafeInteger(value)) {
+      throw new Error(`item ${i + 1} of the token ids, '${item}', is beyond ±${Number.MAX_SAFE_INTEGER}`);
+    }
+    return value;
+  });
+}
+// end parseIdList
+
 function inputTensor() {
   const raw = $("input").value;
   if ($("mode").value === "text") {
     return { name: "text", datatype: "BYTES", shape: [1], data: [raw] };
   }
-  const ids = raw.split(/[\s,]+/).filter((s) => s.length).map(Number);
-  if (!ids.length || ids.some((v) => !Number.isInteger(v))) {
-    throw new Error("token ids: give integers separated by spaces or commas");
-  }
+  const ids = parseIdList(raw);
   return { name: "input_ids", datatype: "INT64", shape: [1, ids.length], data: ids };
 }
 
