@@ -36,8 +36,12 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/deploy.md", "prometheus --config.file="): "tests/deploy/test_deploy_prometheus.py "
     "runs Prometheus on this configuration",
     ("docs/deploy.md", "kubectl label namespace"): "needs a Kubernetes API server",
-    ("docs/importers.md", "~/Meta-Llama-3-8B"): "needs the named checkpoints; each form is "
+    ("docs/importers.md", "~/bloom-560m"): "needs the named checkpoints; each form is "
     "run on small models by tests/training/test_importers.py and test_hf_import.py",
+    ("docs/importers.md", "~/Qwen3-8B"): "needs the named checkpoints (and installs into the "
+    "venv); tests/service/test_hf_discovery.py imports each form on small models",
+    ("docs/client.md", "pip install ./client"): "installs into the venv it runs in; "
+    "tests/client/test_client_package.py runs exactly this line into a fresh venv",
     ("docs/interop.md", "model(inputs_embeds=inputs_embeds"): "an excerpt of "
     "examples/hf_inputs_embeds.py, which the block above runs whole",
     ("docs/interop.md", "enable_prompt_embeds=True"): "an excerpt of "
