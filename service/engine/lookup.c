@@ -1,0 +1,92 @@
+/* The CPU lookup in one pass: out[i] = round(token[ids[i]] + position[pos_i]), fp32 add.
+ *
+ * Built by service/engine/kernel.py (gcc, -O3, no fast-math, no FP contraction: every
+ * sum and rounding is the IEEE one torch computes, bit for bit) and called through ctypes,
+ * which releases the GIL for the call. Each row is read from the tables once and written
+ * to the answer once, already in the wire dtype: no fp32 intermediate, no second pass to
+ * add, no third to cast. The next row's cache lines are prefetched while this one is
+ * summed (uniform ids make every row a DRAM miss).
+ *
+ * Every index is checked against its table before anything is written: a caller bug
+ * can make this return an error, never read outside a table.
+ */
+#include <stdint.h>
+#include <string.h>
+
+enum { OUT_F32 = 0, OUT_BF16 = 1, OUT_F16 = 2 };
+
+static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* c10::BFloat16's round-to-nearest-even (NaN never reaches here: tables are finite). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u = bits_of(f);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* c10::Half's fp16_ieee_from_fp32_value: IEEE round-to-nearest-even, overflow to inf. */
+static inline uint16_t to_f16(float f) {
+    const float scale_to_inf = 0x1.0p+112f, scale_to_zero = 0x1.0p-110f;
+    float base = ((f < 0 ? -f : f) * scale_to_inf) * scale_to_zero;
+    const uint32_t w = bits_of(f), shl1_w = w + w, sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    base = float_of((bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = bits_of(base);
+    const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+static inline void prefetch_row(const float *row, int64_t dim) {
+    for (int64_t j = 0; j < dim; j += 16) __builtin_prefetch(row + j, 0, 0);
+}
+
+#define ROW_LOOP(BODY)                                                             \
+    for (int64_t i = 0; i < n; i++) {                                              \
+        if (i + 1 < n) prefetch_row(table + ids[i + 1] * dim, dim);                \
+        const float *restrict a = table + ids[i] * dim;                            \
+        const float *restrict b = pos == 0 ? 0                                     \
+            : pos + (positions != 0 ? positions[i] : start + i) * dim;            \
+        BODY                                                                       \
+    }
+
+/* Returns 0, or -1 (nothing written) when an index is outside its table. */
+__attribute__((target_clones("avx2", "default")))
+int embed_rows(const float *restrict table, int64_t table_rows, int64_t dim,
+               const int64_t *restrict ids, int64_t n,
+               const float *restrict pos, int64_t pos_rows,
+               const int64_t *restrict positions, int64_t start,
+               void *restrict out, int kind) {
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= table_rows) return -1;
+        if (pos != 0) {
+            int64_t p = positions != 0 ? positions[i] : start + i;
+            if (p < 0 || p >= pos_rows) return -1;
+        }
+    }
+    if (kind == OUT_F32) {
+        float *restrict o = out;
+        ROW_LOOP(
+            float *restrict r = o + i * dim;
+            if (b == 0) memcpy(r, a, (size_t)dim * sizeof(float));
+            else for (int64_t j = 0; j < dim; j++) r[j] = a[j] + b[j];
+        )
+    } else if (kind == OUT_BF16) {
+        uint16_t *restrict o = out;
+        ROW_LOOP(
+            uint16_t *restrict r = o + i * dim;
+            if (b == 0) for (int64_t j = 0; j < dim; j++) r[j] = to_bf16(a[j]);
+            else for (int64_t j = 0; j < dim; j++) r[j] = to_bf16(a[j] + b[j]);
+        )
+    } else if (kind == OUT_F16) {
+        uint16_t *restrict o = out;
+        ROW_LOOP(
+            uint16_t *restrict r = o + i * dim;
+            if (b == 0) for (int64_t j = 0; j < dim; j++) r[j] = to_f16(a[j]);
+            else for (int64_t j = 0; j < dim; j++) r[j] = to_f16(a[j] + b[j]);
+        )
+    } else {
+        return -2;
+    }
+    return 0;
+}
