@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["OUT_KINDS", "build", "embed_rows", "load"]
+__all__ = ["OUT_KINDS", "BusError", "build", "embed_rows", "guarded", "load"]
 
 log = logging.getLogger(__name__)
+_guarded = False  # set by load()
 _SOURCE = Path(__file__).with_name("lookup.c")
 # IEEE sums and roundings only: no -ffast-math, and no FMA contraction of to_f16's scale.
 _FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off", "-fno-math-errno"]
@@ -76,20 +77,37 @@ def load() -> ctypes.CDLL | None:
         log.warning("one-pass lookup kernel unavailable (%s); using torch's gather, add "
                     "and cast", str(detail).strip()[:300])
         return None
-    fn = lib.embed_rows
-    fn.restype = ctypes.c_int
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int)
+    for fn in (lib.embed_rows, lib.embed_rows_guarded):
+        fn.restype = ctypes.c_int
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int)
+    lib.install_guard.restype = ctypes.c_int
+    global _guarded
+    _guarded = lib.install_guard() == 0  # SIGBUS in a guarded write: an error, not a crash
+    if not _guarded:
+        log.warning("lookup kernel: SIGBUS guard not installed; shared memory is written "
+                    "with pwrite")
     return lib
+
+
+def guarded() -> bool:
+    """Whether the loaded kernel's SIGBUS guard is installed (guarded writes allowed)."""
+    return _guarded
+
+
+class BusError(OSError):
+    """A guarded write's memory went away under it (its shared-memory object shrank)."""
 
 
 def embed_rows(lib: ctypes.CDLL, table: torch.Tensor, ids: torch.Tensor,
                position_table: torch.Tensor | None, positions: torch.Tensor | None,
-               start: int, out: torch.Tensor) -> None:
+               start: int, out: torch.Tensor, guarded: bool = False) -> None:
     """out[i] = table[ids[i]] (+ position_table[positions[i] or start + i]), fp32 add,
     rounded once into out's dtype. Tables fp32 and contiguous; ids/positions int64
-    contiguous; out (N, dim) contiguous. Raises if an index is outside its table."""
+    contiguous; out (N, dim) contiguous. Raises IndexError if an index is outside its
+    table; ``guarded`` (out maps memory another process may shrink): BusError if a store
+    faulted, and the rows are then partly written."""
     n, dim = int(ids.shape[0]), int(table.shape[1])
     # The C side trusts these: a mismatch would write outside ``out``.
     if not (out.is_contiguous() and tuple(out.shape) == (n, dim) and table.is_contiguous()
@@ -100,12 +118,14 @@ def embed_rows(lib: ctypes.CDLL, table: torch.Tensor, ids: torch.Tensor,
                 position_table.dtype == torch.float32 and position_table.is_contiguous()
                 and int(position_table.shape[1]) == dim))):
         raise ValueError("lookup kernel: tensors of the wrong layout, dtype or shape")
-    rc = lib.embed_rows(
+    rc = (lib.embed_rows_guarded if guarded else lib.embed_rows)(
         table.data_ptr(), int(table.shape[0]), dim, ids.data_ptr(), n,
         None if position_table is None else position_table.data_ptr(),
         0 if position_table is None else int(position_table.shape[0]),
         None if positions is None else positions.data_ptr(), start,
         out.data_ptr(), OUT_KINDS[out.dtype])
+    if rc == -3:
+        raise BusError("the memory being written went away (SIGBUS)")
     if rc != 0:
         raise IndexError(f"lookup kernel refused its indices (rc={rc})")
 

@@ -9,7 +9,17 @@
  *
  * Every index is checked against its table before anything is written: a caller bug
  * can make this return an error, never read outside a table.
+ *
+ * embed_rows_guarded writes into a client's shared-memory mapping. Its owner may shrink
+ * the object at any moment, and a store past the object's end raises SIGBUS; the guard
+ * (install_guard, once per process) turns a SIGBUS raised while this thread is inside a
+ * guarded call into a return code (siglongjmp out of the row loop, which holds no lock
+ * and allocates nothing), and hands any other SIGBUS to the handler that was there before
+ * (Python's faulthandler, or the default: the process dies as it would have).
  */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -89,4 +99,51 @@ int embed_rows(const float *restrict table, int64_t table_rows, int64_t dim,
         return -2;
     }
     return 0;
+}
+
+/* initial-exec: the handler must not allocate TLS; set before the first guarded store. */
+static __thread sigjmp_buf *guard_jump __attribute__((tls_model("initial-exec")));
+static struct sigaction previous_bus;
+static int guard_installed;
+
+static void on_sigbus(int sig, siginfo_t *info, void *context) {
+    sigjmp_buf *jump = guard_jump;
+    if (jump != 0) {
+        guard_jump = 0;
+        siglongjmp(*jump, 1);
+    }
+    if (previous_bus.sa_flags & SA_SIGINFO) {
+        previous_bus.sa_sigaction(sig, info, context);
+    } else if (previous_bus.sa_handler != SIG_DFL && previous_bus.sa_handler != SIG_IGN) {
+        previous_bus.sa_handler(sig);
+    } else {
+        signal(SIGBUS, SIG_DFL);
+        raise(SIGBUS);
+    }
+}
+
+int install_guard(void) {
+    if (guard_installed) return 0;
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGBUS, &action, &previous_bus) != 0) return -1;
+    guard_installed = 1;
+    return 0;
+}
+
+/* embed_rows into memory its owner may shrink: -3 (rows partly written) on SIGBUS. */
+int embed_rows_guarded(const float *table, int64_t table_rows, int64_t dim,
+                       const int64_t *ids, int64_t n, const float *pos, int64_t pos_rows,
+                       const int64_t *positions, int64_t start, void *out, int kind) {
+    sigjmp_buf jump;
+    if (!guard_installed) return -4;
+    if (sigsetjmp(jump, 1) != 0) return -3;
+    guard_jump = &jump;
+    int rc = embed_rows(table, table_rows, dim, ids, n, pos, pos_rows, positions, start, out,
+                        kind);
+    guard_jump = 0;
+    return rc;
 }

@@ -242,21 +242,35 @@ class EmbeddingTables:
                 self._sum(ids, spans, compose, x)
                 out.copy_(x)  # the cast and the write into the response: one pass
 
+    @property
+    def writes_guarded(self) -> bool:
+        """Whether ``embed_guarded`` can write into memory its owner may shrink."""
+        return self._kernel is not None and kernel.guarded()
+
+    def embed_guarded(self, ids: torch.Tensor, spans: Sequence[Span], compose: int,
+                      out: torch.Tensor) -> None:
+        """One part's rows straight into ``out``, a mapping of a client's shared-memory
+        object, in one pass; ``kernel.BusError`` if the object shrank under the write
+        (only when ``writes_guarded``)."""
+        assert self._kernel is not None
+        self._embed_kernel(self._kernel, ids, spans, compose, out, guarded=True)
+
     def _embed_kernel(self, lib: ctypes.CDLL, ids: torch.Tensor, spans: Sequence[Span],
-                      compose: int, out: torch.Tensor) -> None:
+                      compose: int, out: torch.Tensor, guarded: bool = False) -> None:
         """One part in one pass (``lookup.c``): each row read once from the tables and
         written once into the response, summed in fp32 and rounded into out's dtype."""
         pos = self.position_table
         ids = ids.contiguous()  # (N,) int64; a no-op for the ids admission makes
         if compose == COMPOSE_POSITION_ONLY:
             assert pos is not None
-            kernel.embed_rows(lib, pos, positions_of(spans), None, None, 0, out)
+            kernel.embed_rows(lib, pos, positions_of(spans), None, None, 0, out, guarded)
         elif compose == COMPOSE_TOKEN_ONLY or pos is None:
-            kernel.embed_rows(lib, self.token_table, ids, None, None, 0, out)
+            kernel.embed_rows(lib, self.token_table, ids, None, None, 0, out, guarded)
         elif len(spans) == 1:
-            kernel.embed_rows(lib, self.token_table, ids, pos, None, spans[0][0], out)
+            kernel.embed_rows(lib, self.token_table, ids, pos, None, spans[0][0], out, guarded)
         else:
-            kernel.embed_rows(lib, self.token_table, ids, pos, positions_of(spans), 0, out)
+            kernel.embed_rows(lib, self.token_table, ids, pos, positions_of(spans), 0, out,
+                              guarded)
 
     def _embed_device(self, parts: Sequence[Part], compose: int) -> None:
         """The whole batch as one gather+add on the tables' device, then one copy back.

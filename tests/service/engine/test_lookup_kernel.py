@@ -82,3 +82,47 @@ def test_kernel_refuses_an_index_outside_its_table() -> None:
     assert torch.equal(out, torch.zeros(2, 4))  # nothing written
     kernel.embed_rows(lib, table, torch.tensor([1, 2]), position, None, 3, out)
     assert torch.equal(out, table[[1, 2]] + position[3:5])
+
+
+def test_guarded_write_into_a_shrunk_object_is_an_error_not_a_crash() -> None:
+    """A store past the end of a shrunk shared-memory object (SIGBUS) ends that write with
+    BusError, on any thread, and the process goes on; an intact mapping is written."""
+    import mmap
+    import os
+    import threading
+
+    lib = kernel.load()
+    assert lib is not None
+    assert kernel.guarded()
+    table = torch.randn(10, 1024)  # 4 KiB rows: one page each
+    path = f"/dev/shm/embed-test-guard-{os.getpid()}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 8 * 4096)
+        with mmap.mmap(fd, 8 * 4096) as mapping:
+            rows = torch.frombuffer(mapping, dtype=torch.float32).view(8, 1024)
+            ids = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+            kernel.embed_rows(lib, table, ids, None, None, 0, rows, guarded=True)
+            assert torch.equal(rows, table[ids])
+            os.ftruncate(fd, 4096)  # the owner shrinks it to one page under the mapping
+            with pytest.raises(kernel.BusError):
+                kernel.embed_rows(lib, table, ids, None, None, 0, rows, guarded=True)
+            errors: list[BaseException] = []
+
+            def on_a_thread(out: torch.Tensor = rows) -> None:
+                try:
+                    kernel.embed_rows(lib, table, ids, None, None, 0, out, guarded=True)
+                except BaseException as e:
+                    errors.append(e)
+
+            thread = threading.Thread(target=on_a_thread)
+            thread.start()
+            thread.join()
+            del on_a_thread  # its default holds a view of the mapping
+            assert [type(e) for e in errors] == [kernel.BusError]
+            kernel.embed_rows(lib, table, ids[:1], None, None, 0, rows[:1], guarded=True)
+            assert torch.equal(rows[0], table[1])  # the page still there is written
+            del rows
+    finally:
+        os.close(fd)
+        os.unlink(path)
