@@ -1,20 +1,22 @@
 """System shared memory (Triton-style): outputs written straight into a client's region.
 
 A client creates a POSIX shared-memory object (a file under ``/dev/shm``), registers it by
-name with a key, offset and size, and names region + offset in a request. The lookup
-writes the [T, C] rows into a private buffer and ``os.pwrite`` copies them into the object;
-the response carries only shape, dtype and the byte range, so the tensor never crosses the
-transport.
+name with a key, offset and size, and names region + offset in a request. The one-pass
+lookup kernel stores the [T, C] rows straight into the server's mapping of the region
+(``ShmPlan.lookup``: each byte written once); without the kernel the rows go into a private
+buffer and ``os.pwrite`` copies them into the object. The response carries only shape,
+dtype and the byte range, so the tensor never crosses the transport.
 
 Safe against its own users, by construction:
 
-- **No mapping.** A region is an open descriptor, never an ``mmap``: the object's owner can
-  shrink, truncate or unlink it at any time, and a write is a ``pwrite`` that fails with an
-  errno (or extends the object again) where a store into a shrunk mapping would kill the
-  process with SIGBUS. Before each write the object's size and link count are checked, so
-  a shrunk or unlinked object gets FAILED_PRECONDITION naming the region; a shrink that
-  races the check only makes the write extend the object again. Nothing is mapped, so
-  registrations cost one descriptor each and no address space.
+- **No unguarded store.** The object's owner can shrink, truncate or unlink it at any
+  time. A region is an open descriptor plus, where ``kernel.guarded()``, a shared mapping
+  that only ``lookup.c``'s guarded row loop stores into: a SIGBUS there (a shrink under the
+  stores) becomes ``kernel.BusError`` and FAILED_PRECONDITION for that request, never a
+  dead process. Elsewhere (no kernel, padded OIP outputs) a write is a ``pwrite`` that
+  fails with an errno (or extends the object again). Before each write the object's size
+  and link count are checked, so a shrunk or unlinked object gets FAILED_PRECONDITION
+  naming the region. A region costs one descriptor and the address space of its range.
 - **Tenancy.** A region belongs to the identity that registered it (``Caller.identity``,
   resolved by the frame from the token or certificate; "" when auth is off: one
   namespace). Listing, unregistering (``""`` = all of the caller's own) and writing see
