@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.big_table import TABLES, _env, _free_port, _write
+from bench.big_table import _env, _free_port, _write
 
 __all__ = ["main", "measure"]
 
