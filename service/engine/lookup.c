@@ -18,6 +18,7 @@
  * (Python's faulthandler, or the default: the process dies as it would have).
  */
 #define _GNU_SOURCE
+#include <immintrin.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -26,7 +27,6 @@
 enum { OUT_F32 = 0, OUT_BF16 = 1, OUT_F16 = 2 };
 
 static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 /* c10::BFloat16's round-to-nearest-even (NaN never reaches here: tables are finite). */
 static inline uint16_t to_bf16(float f) {
@@ -34,17 +34,27 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* c10::Half's fp16_ieee_from_fp32_value: IEEE round-to-nearest-even, overflow to inf. */
+/* IEEE round-to-nearest-even, overflow to inf: c10::Half's conversion for every finite
+ * input (one vcvtps2ph per 8 values where the CPU has F16C, libgcc's exact routine else). */
 static inline uint16_t to_f16(float f) {
-    const float scale_to_inf = 0x1.0p+112f, scale_to_zero = 0x1.0p-110f;
-    float base = ((f < 0 ? -f : f) * scale_to_inf) * scale_to_zero;
-    const uint32_t w = bits_of(f), shl1_w = w + w, sign = w & 0x80000000u;
-    uint32_t bias = shl1_w & 0xFF000000u;
-    if (bias < 0x71000000u) bias = 0x71000000u;
-    base = float_of((bias >> 1) + 0x07800000u) + base;
-    const uint32_t bits = bits_of(base);
-    const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
-    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+    _Float16 h = (_Float16)f;
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+
+/* One fp16 row with F16C: 8 sums per vcvtps2ph (gcc does not vectorise the cast above). */
+__attribute__((target("avx2,f16c")))
+static void row_f16c(uint16_t *restrict r, const float *restrict a, const float *restrict b,
+                     int64_t dim) {
+    int64_t j = 0;
+    for (; j + 8 <= dim; j += 8) {
+        __m256 v = _mm256_loadu_ps(a + j);
+        if (b != 0) v = _mm256_add_ps(v, _mm256_loadu_ps(b + j));
+        _mm_storeu_si128((__m128i *)(r + j),
+                         _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; j < dim; j++) r[j] = to_f16(b != 0 ? a[j] + b[j] : a[j]);
 }
 
 static inline void prefetch_row(const float *row, int64_t dim) {
@@ -61,7 +71,7 @@ static inline void prefetch_row(const float *row, int64_t dim) {
     }
 
 /* Returns 0, or -1 (nothing written) when an index is outside its table. */
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v3", "default")))
 int embed_rows(const float *restrict table, int64_t table_rows, int64_t dim,
                const int64_t *restrict ids, int64_t n,
                const float *restrict pos, int64_t pos_rows,
@@ -90,9 +100,11 @@ int embed_rows(const float *restrict table, int64_t table_rows, int64_t dim,
         )
     } else if (kind == OUT_F16) {
         uint16_t *restrict o = out;
+        const int f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
         ROW_LOOP(
             uint16_t *restrict r = o + i * dim;
-            if (b == 0) for (int64_t j = 0; j < dim; j++) r[j] = to_f16(a[j]);
+            if (f16c) row_f16c(r, a, b, dim);
+            else if (b == 0) for (int64_t j = 0; j < dim; j++) r[j] = to_f16(a[j]);
             else for (int64_t j = 0; j < dim; j++) r[j] = to_f16(a[j] + b[j]);
         )
     } else {
