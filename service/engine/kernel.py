@@ -56,6 +56,9 @@ def build() -> Path:
         subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE)], check=True,
                        capture_output=True, text=True)
         os.replace(tmp, target)
+        for stale in target.parent.glob("_lookup-*.so"):  # builds of an older lookup.c
+            if stale != target:
+                stale.unlink(missing_ok=True)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
