@@ -49,6 +49,8 @@ bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/resu
 	@$(PY) -m bench.overload
 	@$(PY) -m bench.big_table
 	@$(PY) -m bench.http
+	@$(PY) -m bench.cpu_profile
+	@$(PY) -m bench.worker_memory
 
 bench-smoke: setup  ## every serving-bench path once at tiny sizes (seconds; bench/results/quick/)
 	@$(PY) -m bench --quick --out bench/results/quick

@@ -39,3 +39,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 .venv/bin/python scripts/fetch_tokenizer.py
+# The one-pass CPU lookup (service/engine/lookup.c): built now where a C compiler is; the
+# server builds it on first use otherwise, and serves torch's path where it cannot.
+if command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; then
+  .venv/bin/python -m service.engine.kernel >/dev/null
+fi

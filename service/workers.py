@@ -1,9 +1,11 @@
 """``--workers N``: N server processes on one port (SO_REUSEPORT), supervised.
 
-Each worker is a fresh interpreter (spawn, not fork: gRPC's threads do not survive fork)
-that reads the tables into its own private memory (``checkpoint.read_private``: a file
-truncated or rewritten in place cannot crash or change a worker), so each worker holds
-one copy of the tables; the libraries' pages are still shared. The kernel spreads incoming
+Each worker is a fresh interpreter (spawn, not fork: gRPC's threads do not survive fork).
+Before spawning them, the parent reads each model's newest table file once into a sealed
+memfd (``format/shared_tables``: hashed as read, then immutable; a file truncated or
+rewritten in place cannot crash or change a worker), and every worker maps that one copy:
+N workers hold the table once. A version loaded later (hot reload, a pin) is read into the
+worker's private memory as with one worker. The kernel spreads incoming
 connections across the workers' listening sockets. Worker i serves metrics on
 ``metrics_port + i``.
 
@@ -33,6 +35,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from service.config import ServerConfig
+from service.format import shared_tables
 from service.logs import setup_logging
 
 __all__ = ["RestartBudget", "RestartPolicy", "describe_exit", "run_workers"]
@@ -169,6 +172,15 @@ class _Supervisor:
         return max((p.exitcode or 0) for p in self.procs.values())
 
 
+def _share_tables(config: ServerConfig) -> None:
+    """Read each model's newest table once, sealed, for every worker to map
+    (``shared_tables``); a table that cannot be shared is read by each worker as before."""
+    start = time.monotonic()
+    shared = shared_tables.publish(config.model_repository)
+    log.info("shared %d table file(s) with the workers in %.2f s", len(shared),
+             time.monotonic() - start)
+
+
 def run_workers(config: ServerConfig, policy: RestartPolicy | None = None) -> None:
     """Start ``config.workers`` servers sharing the gRPC port, supervise, exit with status."""
     if config.grpc_port == 0:
@@ -176,6 +188,7 @@ def run_workers(config: ServerConfig, policy: RestartPolicy | None = None) -> No
     if config.http_port == 0:
         raise SystemExit("--workers > 1 needs a fixed --http-port, or -1 (0 would differ per "
                          "worker)")
+    _share_tables(config)
     sup = _Supervisor(config, policy or RestartPolicy())
     for i in range(config.workers):
         sup.spawn(i)

@@ -47,9 +47,16 @@ class Timing(NamedTuple):
 
 class Destination(Protocol):
     """Where a job's rows go: ``rows`` is written by the lookup, then ``finish`` is called
-    once on the compute thread; its return value is the job's result."""
+    once on the compute thread; its return value is the job's result.
 
-    rows: torch.Tensor  # (N, C), writable, in the output dtype
+    A destination may also have ``lookup(tables, ids, spans, compose) -> bool``: it then
+    writes its own rows where it can (a shared-memory region's mapping, through the
+    guarded one-pass kernel) and returns True, or False to be given ``rows`` as usual.
+    A destination may name its ``dtype`` so that grouping never touches ``rows``."""
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """(N, C), writable, in the output dtype."""
 
     def finish(self, timing: Timing) -> Any:
         """Complete the output (e.g. write the timing fields) and return the result."""
@@ -214,15 +221,19 @@ class Batcher:
         start_ns = time.perf_counter_ns()
         groups: dict[tuple[int, int, torch.dtype], list[int]] = {}
         for i, job in enumerate(batch):
-            groups.setdefault((id(job.tables), job.compose, job.dest.rows.dtype), []).append(i)
+            dtype = getattr(job.dest, "dtype", None) or job.dest.rows.dtype
+            groups.setdefault((id(job.tables), job.compose, dtype), []).append(i)
         results: list[Any] = [None] * len(batch)
         total = sum(job.tokens for job in batch)
         for job in batch:
             job.batch_tokens, job.batch_requests = total, len(batch)
-        for members in groups.values():
+        for group in groups.values():
+            t0 = time.perf_counter_ns()
+            members = self._lookup_own(batch, group, results, start_ns, t0)
+            if not members:
+                continue
             jobs = [batch[i] for i in members]
             try:
-                t0 = time.perf_counter_ns()
                 jobs[0].tables.embed_into([(job.ids, job.spans, job.dest.rows) for job in jobs],
                                           jobs[0].compose)
                 for i, job in zip(members, jobs):
@@ -234,6 +245,26 @@ class Batcher:
                 for i in members:
                     results[i] = e
         return results, (time.perf_counter_ns() - start_ns) / 1e9
+
+    def _lookup_own(self, batch: list[Job], members: list[int], results: list[Any],
+                    start_ns: int, t0: int) -> list[int]:
+        """Jobs whose destination writes its own rows (``Destination.lookup``) are looked
+        up and finished one by one, each failure its own; the rest are returned."""
+        rest = []
+        for i in members:
+            job = batch[i]
+            lookup = getattr(job.dest, "lookup", None)
+            if lookup is None:
+                rest.append(i)
+                continue
+            try:
+                if not lookup(job.tables, job.ids, job.spans, job.compose):
+                    rest.append(i)
+                    continue
+                results[i] = self._finish(job, start_ns, t0)
+            except Exception as e:
+                results[i] = e
+        return rest
 
     @staticmethod
     def _finish(job: Job, start_ns: int, t0: int) -> Any:

@@ -1,20 +1,22 @@
 """System shared memory (Triton-style): outputs written straight into a client's region.
 
 A client creates a POSIX shared-memory object (a file under ``/dev/shm``), registers it by
-name with a key, offset and size, and names region + offset in a request. The lookup
-writes the [T, C] rows into a private buffer and ``os.pwrite`` copies them into the object;
-the response carries only shape, dtype and the byte range, so the tensor never crosses the
-transport.
+name with a key, offset and size, and names region + offset in a request. The one-pass
+lookup kernel stores the [T, C] rows straight into the server's mapping of the region
+(``ShmPlan.lookup``: each byte written once); without the kernel the rows go into a private
+buffer and ``os.pwrite`` copies them into the object. The response carries only shape,
+dtype and the byte range, so the tensor never crosses the transport.
 
 Safe against its own users, by construction:
 
-- **No mapping.** A region is an open descriptor, never an ``mmap``: the object's owner can
-  shrink, truncate or unlink it at any time, and a write is a ``pwrite`` that fails with an
-  errno (or extends the object again) where a store into a shrunk mapping would kill the
-  process with SIGBUS. Before each write the object's size and link count are checked, so
-  a shrunk or unlinked object gets FAILED_PRECONDITION naming the region; a shrink that
-  races the check only makes the write extend the object again. Nothing is mapped, so
-  registrations cost one descriptor each and no address space.
+- **No unguarded store.** The object's owner can shrink, truncate or unlink it at any
+  time. A region is an open descriptor plus, where ``kernel.guarded()``, a shared mapping
+  that only ``lookup.c``'s guarded row loop stores into: a SIGBUS there (a shrink under the
+  stores) becomes ``kernel.BusError`` and FAILED_PRECONDITION for that request, never a
+  dead process. Elsewhere (no kernel, padded OIP outputs) a write is a ``pwrite`` that
+  fails with an errno (or extends the object again). Before each write the object's size
+  and link count are checked, so a shrunk or unlinked object gets FAILED_PRECONDITION
+  naming the region. A region costs one descriptor and the address space of its range.
 - **Tenancy.** A region belongs to the identity that registered it (``Caller.identity``,
   resolved by the frame from the token or certificate; "" when auth is off: one
   namespace). Listing, unregistering (``""`` = all of the caller's own) and writing see
@@ -36,7 +38,9 @@ Unregistering drops the registry's reference only: a request in flight holds its
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
+import mmap
 import os
 import re
 import stat
@@ -49,7 +53,9 @@ from typing import Any, Protocol
 
 import torch
 
+from service.engine import kernel
 from service.engine.batcher import Timing
+from service.engine.tables import EmbeddingTables, Span
 from service.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -102,16 +108,46 @@ def _short(value: str, limit: int = 64) -> str:
 
 
 class _Descriptor:
-    """An open descriptor of one object, closed when its last holder lets it go."""
+    """An open descriptor of one object, and (where the lookup kernel's SIGBUS guard is
+    installed) a shared mapping of its region; both released when the last holder lets
+    it go."""
 
-    __slots__ = ("fd",)
+    __slots__ = ("address", "fd", "length")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.address: int | None = None  # of the mapping's first byte (page-aligned)
+        self.length = 0
+
+    def map(self, offset: int, byte_size: int) -> int | None:
+        """Map bytes [offset, offset + byte_size) shared; the address of ``offset`` in it,
+        or None (no mapping: writes use pwrite)."""
+        start = offset - offset % mmap.PAGESIZE
+        length = offset - start + byte_size
+        address = _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED,
+                             self.fd, start)
+        if address in (None, _MAP_FAILED):
+            return None
+        self.address, self.length = address, length
+        return int(address) + offset - start
 
     def __del__(self) -> None:
+        if self.address is not None:
+            _libc.munmap(self.address, self.length)
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_memory_view = ctypes.pythonapi.PyMemoryView_FromMemory
+_memory_view.restype = ctypes.py_object
+_memory_view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_PyBUF_WRITE = 0x200
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,22 +161,28 @@ class Region:
     owner: str  # the identity that registered it
     inode: tuple[int, int]  # (st_dev, st_ino) of the object
     handle: _Descriptor
+    mapped: int | None = None  # address of the region's first byte when mapped
+
+    def check(self, at: int, n: int) -> None:
+        """FAILED_PRECONDITION unless ``n`` bytes at ``at`` are still inside the object."""
+        where = self.offset + at
+        st = os.fstat(self.handle.fd)
+        if st.st_nlink == 0:
+            raise FailedPrecondition(
+                f"shared-memory object {_short(self.key)} of region {_short(self.name)} "
+                f"was unlinked; create it again and re-register the region")
+        if st.st_size < where + n:
+            raise FailedPrecondition(
+                f"shared-memory object {_short(self.key)} of region {_short(self.name)} "
+                f"is now {st.st_size} bytes, shrunk below the {where + n} this output "
+                f"needs; re-register the region after resizing it")
 
     def write(self, at: int, data: memoryview) -> None:
         """``data`` at ``at`` bytes into the region: pwrite, never a store into a mapping."""
         fd, n = self.handle.fd, len(data)
         where = self.offset + at
         try:
-            st = os.fstat(fd)
-            if st.st_nlink == 0:
-                raise FailedPrecondition(
-                    f"shared-memory object {_short(self.key)} of region {_short(self.name)} "
-                    f"was unlinked; create it again and re-register the region")
-            if st.st_size < where + n:
-                raise FailedPrecondition(
-                    f"shared-memory object {_short(self.key)} of region {_short(self.name)} "
-                    f"is now {st.st_size} bytes, shrunk below the {where + n} this output "
-                    f"needs; re-register the region after resizing it")
+            self.check(at, n)
             done = 0
             while done < n:  # a shrink racing the check only makes this extend it again
                 written = os.pwrite(fd, data[done:], where + done)
@@ -199,8 +241,12 @@ class SharedMemoryRegistry:
             raise InvalidArgument(
                 f"region {_short(name)}: offset {offset} + byte_size {byte_size} = "
                 f"{offset + byte_size} exceeds the size of {_short(key)} ({st.st_size} bytes)")
+        # Mapped only where every store into it is guarded (kernel.guarded: a SIGBUS from
+        # a shrink becomes FAILED_PRECONDITION); otherwise the rows go in with pwrite.
+        mapped = (handle.map(offset, byte_size)
+                  if kernel.load() is not None and kernel.guarded() else None)
         region = Region(name, key, offset, byte_size, caller.identity,
-                        (st.st_dev, st.st_ino), handle)
+                        (st.st_dev, st.st_ino), handle, mapped)
         with self._lock:
             self._check_room(caller.identity, name)  # again: another call may have won
             for other in self._regions.values():
@@ -319,27 +365,56 @@ _BUFFERS = _Buffers()
 
 
 class ShmPlan:
-    """A request's rows for a region: written into a private buffer by the lookup, then
-    copied into the object by ``write`` (pwrite)."""
+    """A request's rows for a region: either stored straight into the region's mapping by
+    the guarded one-pass lookup (``lookup``), or written into a private buffer (``rows``:
+    the torch path, padded OIP outputs) and copied into the object by ``write`` (pwrite)."""
 
-    __slots__ = ("_at", "_buffer", "byte_size", "region", "rows")
+    __slots__ = ("_at", "_buffer", "_direct", "byte_size", "dtype", "region", "shape")
 
     def __init__(self, region: Region, at: int, shape: tuple[int, ...],
                  dtype: torch.dtype) -> None:
-        self.region = region  # held: its descriptor stays open until the rows are written
+        self.region = region  # held: its descriptor (and mapping) stay until it is done
         self._at = at
+        self.shape, self.dtype = shape, dtype
         nbytes = dtype.itemsize
         for n in shape:
             nbytes *= n
         self.byte_size = nbytes
-        self._buffer: torch.Tensor | None = _BUFFERS.take(nbytes)
-        self.rows = self._buffer[:nbytes].view(dtype).view(shape)  # private memory
+        self._buffer: torch.Tensor | None = None
+        self._direct = False  # the rows went straight into the mapping
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The private buffer of the rows, shaped ``shape`` (taken on first use)."""
+        if self._buffer is None:
+            self._buffer = _BUFFERS.take(self.byte_size)
+        return self._buffer[: self.byte_size].view(self.dtype).view(self.shape)
+
+    def lookup(self, tables: EmbeddingTables, ids: torch.Tensor, spans: list[Span],
+               compose: int) -> bool:
+        """Store the rows straight into the region's mapping, in one guarded pass; False
+        (nothing done) where that path is not open: no mapping, no guarded kernel."""
+        if self.region.mapped is None or not tables.writes_guarded or not self.byte_size:
+            return False
+        self.region.check(self._at, self.byte_size)
+        view = _memory_view(self.region.mapped + self._at, self.byte_size, _PyBUF_WRITE)
+        rows = torch.frombuffer(view, dtype=self.dtype).view(-1, self.shape[-1])  # (N, C)
+        try:
+            tables.embed_guarded(ids, spans, compose, rows)
+        except kernel.BusError:
+            self.region.check(self._at, self.byte_size)  # names the size it shrank to
+            raise FailedPrecondition(
+                f"shared-memory object {_short(self.region.key)} of region "
+                f"{_short(self.region.name)} shrank while its rows were written; "
+                f"re-register the region after resizing it") from None
+        self._direct = True
+        return True
 
     def write(self) -> None:
-        """The rows into the region (FAILED_PRECONDITION if the object shrank or went);
-        the buffer goes back for reuse either way."""
+        """The private rows into the region (FAILED_PRECONDITION if the object shrank or
+        went); the buffer goes back for reuse either way. Nothing to do after ``lookup``."""
         try:
-            if self.byte_size:
+            if self.byte_size and not self._direct:
                 data = self.rows.reshape(-1).view(torch.uint8).numpy().data
                 self.region.write(self._at, data)
         finally:
@@ -353,15 +428,26 @@ class ShmPlan:
 
 
 class ShmDestination:
-    """A job's rows for a region; ``finish`` writes them there and builds the (small)
-    response message."""
+    """A job's rows for a region; the batcher calls ``lookup`` (rows straight into the
+    mapping) and falls back to ``rows``; ``finish`` writes private rows there and builds
+    the (small) response message."""
 
-    __slots__ = ("_encode", "_plan", "rows")
+    __slots__ = ("_encode", "_plan", "dtype")
 
     def __init__(self, plan: ShmPlan, encode: Callable[[Timing], Any]) -> None:
         self._plan = plan
-        self.rows = plan.rows.view(-1, plan.rows.shape[-1])  # (N, C)
+        self.dtype = plan.dtype
         self._encode = encode
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The private rows, flattened (N, C)."""
+        return self._plan.rows.view(-1, self._plan.shape[-1])
+
+    def lookup(self, tables: EmbeddingTables, ids: torch.Tensor, spans: list[Span],
+               compose: int) -> bool:
+        """The rows straight into the region, if that path is open (``ShmPlan.lookup``)."""
+        return self._plan.lookup(tables, ids, spans, compose)
 
     def finish(self, timing: Timing) -> Any:
         """Write the rows into the region, then the response with the timing."""

@@ -9,20 +9,27 @@ device and each batch costs one host→device copy of ids+positions (pinned), on
 one add, one cast, one device→host copy (pinned) and one synchronisation.
 
 Rows are written into the caller's output tensors, which are the response bytes
-(``codec.Reply``): on CPU an fp32 response is gathered into directly, and so is a token
-lookup whose output dtype is the table's (a bf16 Llama table served in bf16: no widening).
+(``codec.Reply``). On CPU with fp32 tables, ``lookup.c`` (``kernel``) writes each row in
+one pass: read from the tables once, summed in fp32, rounded into the wire dtype and
+stored into the response once, whatever that dtype (torch has no fused gather+add+cast:
+its path writes an fp32 intermediate, adds over it, then casts it in a third pass). Without
+the built kernel, and for bf16-stored tables, torch's path serves: an fp32 response is
+gathered into directly, and so is a token lookup whose output dtype is the table's (a
+bf16 Llama table served in bf16: no widening).
 A family with computing rules (Gemma's scale, OPT's project_in, BERT/BLOOM LayerNorm)
 takes the slow path in ``service.engine.rules`` instead; the rest never pays for it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from service.engine import kernel
 from service.engine.rules import RuleTables
 from service.format.rules import Rules
 
@@ -99,6 +106,14 @@ class EmbeddingTables:
         project = None if self._rules is None else self._rules.project_in
         self.width = self.dim if project is None else int(project.shape[0])
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
+        # The one-pass lookup (``lookup.c``) serves fp32 tables on CPU whenever it is
+        # built; otherwise (and for bf16/fp16-stored tables) torch's gather, add and cast.
+        self._kernel = (kernel.load() if device.type == "cpu" and self._rules is None
+                        and self.token_table.dtype == torch.float32
+                        and self.token_table.is_contiguous()
+                        and (self.position_table is None
+                             or (self.position_table.dtype == torch.float32
+                                 and self.position_table.is_contiguous())) else None)
         # Largest |value| of each table, read once at load: what a request's output dtype
         # must be able to hold (validation.check_dtype_range refuses float16 past 65504).
         self.token_max_abs = (token_max_abs if token_max_abs is not None
@@ -206,6 +221,10 @@ class EmbeddingTables:
             for ids, _, out in parts:  # rows already in the wire dtype: gather straight in
                 torch.index_select(self.token_table, 0, ids, out=out)  # (N, dim)
             return
+        if self._kernel is not None and all(p[2].is_contiguous() for p in parts):
+            for ids, spans, out in parts:
+                self._embed_kernel(self._kernel, ids, spans, compose, out)
+            return
         if len(parts) > 1 and (n := sum(int(p[0].shape[0]) for p in parts)) <= SHARED_GATHER_ROWS:
             ids = torch.cat([p[0] for p in parts])  # (N,)
             x = self._scratch_rows(n)  # (N, C) fp32
@@ -222,6 +241,36 @@ class EmbeddingTables:
                 x = self._scratch_rows(int(ids.shape[0]))  # (T, C) fp32
                 self._sum(ids, spans, compose, x)
                 out.copy_(x)  # the cast and the write into the response: one pass
+
+    @property
+    def writes_guarded(self) -> bool:
+        """Whether ``embed_guarded`` can write into memory its owner may shrink."""
+        return self._kernel is not None and kernel.guarded()
+
+    def embed_guarded(self, ids: torch.Tensor, spans: Sequence[Span], compose: int,
+                      out: torch.Tensor) -> None:
+        """One part's rows straight into ``out``, a mapping of a client's shared-memory
+        object, in one pass; ``kernel.BusError`` if the object shrank under the write
+        (only when ``writes_guarded``)."""
+        assert self._kernel is not None
+        self._embed_kernel(self._kernel, ids, spans, compose, out, guarded=True)
+
+    def _embed_kernel(self, lib: ctypes.CDLL, ids: torch.Tensor, spans: Sequence[Span],
+                      compose: int, out: torch.Tensor, guarded: bool = False) -> None:
+        """One part in one pass (``lookup.c``): each row read once from the tables and
+        written once into the response, summed in fp32 and rounded into out's dtype."""
+        pos = self.position_table
+        ids = ids.contiguous()  # (N,) int64; a no-op for the ids admission makes
+        if compose == COMPOSE_POSITION_ONLY:
+            assert pos is not None
+            kernel.embed_rows(lib, pos, positions_of(spans), None, None, 0, out, guarded)
+        elif compose == COMPOSE_TOKEN_ONLY or pos is None:
+            kernel.embed_rows(lib, self.token_table, ids, None, None, 0, out, guarded)
+        elif len(spans) == 1:
+            kernel.embed_rows(lib, self.token_table, ids, pos, None, spans[0][0], out, guarded)
+        else:
+            kernel.embed_rows(lib, self.token_table, ids, pos, positions_of(spans), 0, out,
+                              guarded)
 
     def _embed_device(self, parts: Sequence[Part], compose: int) -> None:
         """The whole batch as one gather+add on the tables' device, then one copy back.

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from service.dtypes import SAFETENSORS
+from service.format import shared_tables
 
 __all__ = [
     "CheckpointError",
@@ -52,8 +53,13 @@ def read_private(path: Path, sha256: str | None = None) -> np.ndarray:
     those very bytes as they arrive (checked against ``sha256`` when given).
 
     One read, one buffer: what is verified is exactly what is served, and nothing maps the
-    file (a truncation or an in-place rewrite cannot reach it afterwards).
+    file (a truncation or an in-place rewrite cannot reach it afterwards). Under
+    ``--workers N`` a file the supervisor already read, hashed and sealed is shared
+    instead (``shared_tables``: same guarantees, one copy for every worker).
     """
+    shared = _shared(sha256)
+    if shared is not None:
+        return shared
     with path.open("rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         # Private anonymous memory (malloc maps it fresh), untouched until read into. Not
@@ -82,6 +88,12 @@ def read_private(path: Path, sha256: str | None = None) -> np.ndarray:
         raise CheckpointError(f"{path.name}: sha256 {h.hexdigest()[:16]}… does not match "
                               f"manifest {sha256[:16]}… (file changed or corrupt)")
     return buf
+
+
+def _shared(sha256: str | None) -> np.ndarray | None:
+    """The supervisor's sealed copy of the file hashing to ``sha256``, if it made one."""
+    view = shared_tables.lookup(sha256)
+    return None if view is None else np.frombuffer(view, dtype=np.uint8)
 
 
 def read_safetensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:

@@ -17,9 +17,11 @@ varint (over-long varints are valid protobuf; every conforming parser reads them
 costs 30 bytes per response and is what lets the tensor be written before the timing.
 
 Copies of the tensor per response, end to end in the server (see ``tables.embed_into``):
-  1. the gather writes fp32 rows into the response bytes (fp32 output), or into a reused
-     scratch buffer that one cast-copy turns into the response bytes (fp16/bf16 output,
-     many small requests sharing one gather, or the device→host copy on CUDA);
+  1. the one-pass lookup (``lookup.c``) writes each row into the response bytes once,
+     already summed and cast to the wire dtype (fp32, fp16 or bf16 alike); without it,
+     torch's gather writes fp32 rows into the response (fp32 output) or into a reused
+     scratch that a cast-copy turns into the response bytes (fp16/bf16 output, many small
+     requests sharing one gather, or the device→host copy on CUDA);
   2. gRPC core copies those bytes into its send slice (outside our control).
 The transport ceiling (a precomputed message) pays 2 as well.
 """

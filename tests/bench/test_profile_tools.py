@@ -1,0 +1,33 @@
+"""bench.cpu_profile's in-process stages and bench.worker_memory's measurement run and
+report every figure they promise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import cpu_profile, worker_memory
+
+
+def test_cpu_profile_times_every_stage_of_every_cell(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    cpu_profile.main(["--skip-server", "--calls", "3", "--model-cache", str(tmp_path / "m"),
+                      "--out", str(out)])
+    stages = json.loads(out.read_text())["stages_us"]
+    assert set(stages) == {"T=16 float32", "T=16 bfloat16", "T=1024 float32",
+                           "T=1024 bfloat16"}
+    for cell, figures in stages.items():
+        for name in ("decode", "admission", "plan", "allocate + finish", "lookup",
+                     "op: gather fp32 (T, C)", "op: add positions fp32",
+                     "op: one pass (copy the answer)", "shm: lookup into the mapping",
+                     "shm: lookup into private + pwrite", "handler: shm", "handler: unary"):
+            assert figures[name] > 0, (cell, name)
+        assert ("op: cast fp32 -> wire dtype" in figures) == ("bfloat16" in cell)
+
+
+def test_worker_memory_measures_an_empty_repository(tmp_path: Path) -> None:
+    result = worker_memory.measure(tmp_path, 1, timeout_s=120)
+    assert result["workers"] == 1
+    assert len(result["pss_mb"]) == 1
+    assert 50 < result["total_pss_mb"] < 2000  # a Python + torch runtime, no table
+    assert result["startup_s"] > 0
