@@ -80,8 +80,9 @@ def test_removing_the_served_version_rolls_back(tmp_path: Path,
         with pytest.raises(grpc.RpcError) as e:
             stub.Embed(GOOD)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-        check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
-        assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        health = health_pb2_grpc.HealthStub(channel)
+        wait_for(lambda: health.Check(health_pb2.HealthCheckRequest()).status
+                 == health_pb2.HealthCheckResponse.NOT_SERVING)  # set right after the scan
         assert "embed_model_info{" not in scrape(handle)
         # And a version copied back in is served again.
         make_checkpoint(repo, version=3, seed=3)
