@@ -228,11 +228,15 @@ class EmbeddingServer:
 async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM/SIGINT, then drain within the grace period."""
     server = EmbeddingServer(config)
-    await server.start()
+    # Handlers first: a SIGTERM that lands while loading (or just after the "serving" line)
+    # still drains, once start() is done, instead of killing the process.
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.drain()))
-    await server.stopped.wait()
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    await stop.wait()
+    await server.drain()
 
 
 @dataclass

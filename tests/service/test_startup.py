@@ -255,3 +255,23 @@ def test_default_model_that_never_arrives(tmp_path: Path, make_checkpoint: MakeC
             assert stub.Embed(pb.EmbedRequest(model="other", text="hi")).model == "other"
     finally:
         handle.stop()
+
+
+def test_empty_repository_process_starts_and_stops(tmp_path: Path) -> None:
+    """As a real process: an empty repository with a default model and a pin starts (live,
+    not ready), then drains on SIGTERM with status 0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--model-repository", str(tmp_path),
+         "--default-model", "tiny", "--pin-versions", "tiny=3", *FREE], cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert " INFO service.server: serving none yet on 127.0.0.1:" in line, line
+        assert "default model 'tiny'" in line
+        proc.terminate()
+        assert proc.wait(60) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
