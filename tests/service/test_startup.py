@@ -275,3 +275,12 @@ def test_empty_repository_process_starts_and_stops(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_docs_table_names_every_flag() -> None:
+    """docs/service.md's configuration table keeps up with the fields."""
+    doc = (ROOT / "docs" / "service.md").read_text()
+    table = doc.split("## Configuration", 1)[1].split("## Lifecycle", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `--")]
+    named = set(re.findall(r"--[a-z-]+", " ".join(row.split(" | ")[0] for row in rows)))
+    assert {flag_name(f.name) for f in fields(ServerConfig)} <= named
