@@ -1,16 +1,21 @@
 """Server configuration: one frozen dataclass, parsed once at start-up.
 
 Every flag has an ``EMBED_*`` environment fallback (``--grpc-port`` ↔ ``EMBED_GRPC_PORT``);
-a flag given on the command line wins. Nothing here reads the environment at import.
+a flag given on the command line wins. Each field's ``help`` metadata is the one place a
+knob is described: ``python -m service --help`` prints it with the flag's environment
+variable and default, read from the same field. Nothing here reads the environment at
+import.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import NoReturn
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 
@@ -18,136 +23,227 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 # module imports torch, which the workers' supervising parent never loads).
 TABLE_DTYPE_NAMES = tuple(name.removeprefix("DTYPE_").lower() for name, _ in pb.DType.items())
 
-__all__ = ["ServerConfig", "parse_config"]
+__all__ = ["ServerConfig", "env_name", "exit_with", "flag_name", "parse_config", "parse_pins"]
+
+
+def _help(text: str) -> dict[str, str]:
+    """A field's metadata: the help text ``--help`` prints for its flag."""
+    return {"help": text}
+
+
+def flag_name(name: str) -> str:
+    """``max_batch_tokens`` → ``--max-batch-tokens``."""
+    return "--" + name.replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    """``max_batch_tokens`` → ``EMBED_MAX_BATCH_TOKENS``."""
+    return "EMBED_" + name.upper()
+
+
+def parse_pins(spec: str) -> dict[str, int]:
+    """``"a=3,b=1"`` → {"a": 3, "b": 1}; ValueError naming the flag and the bad part."""
+    pins: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, version = part.partition("=")
+        name = name.strip()
+        version = version.strip()
+        if not name or not version.isascii() or not version.isdigit() or int(version) < 1:
+            raise ValueError(f"--pin-versions: {part!r} is not <model>=<version> with a "
+                             f"positive version, e.g. --pin-versions tiny=3,other=1")
+        if name in pins:
+            raise ValueError(f"--pin-versions: model {name!r} is pinned twice")
+        pins[name] = int(version)
+    return pins
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     """Everything the server needs to know; defaults suit one CPU pod."""
 
-    # Root of models/<model>/<version>/ directories.
-    model_repository: Path = Path("models")
-    # Model served when a request leaves `model` empty; "" = the first name in sorted order.
-    default_model: str = ""
-    # Pin versions: "name=3,other=1"; unpinned models serve their newest valid version.
-    pin_versions: str = ""
-    # Loopback by default: exposing the port is a deployment decision.
-    host: str = "127.0.0.1"
-    # 0 picks a free port (tests); the chosen port is logged and exposed on the handle.
-    grpc_port: int = 50051
-    # Prometheus /metrics; 0 picks a free port, -1 disables.
-    metrics_port: int = 9464
-    # auto = cuda when torch sees a GPU, else cpu; or cpu, cuda, cuda:N.
-    device: str = "auto"
-    # Dtype the tables are held in on the device: "stored" keeps the checkpoint's (a bf16
-    # table stays a memory map, widened row by row as gathered); the add is always fp32.
-    table_dtype: str = "stored"
-    # Token budget of one gather+add: bounds per-batch memory ([tokens, C] floats).
-    max_batch_tokens: int = 16384
-    # 0 = take what is queued now (TEI's default): no latency added at low load.
-    max_batch_delay_us: int = 0
-    # Tokens waiting for compute before new work gets RESOURCE_EXHAUSTED.
-    max_queue_tokens: int = 262144
-    # Per-request token cap (also bounded by each model's max_seq_len).
-    max_tokens_per_request: int = 8192
-    # Text longer than this (UTF-8 bytes) is refused before tokenizing.
-    max_text_bytes: int = 1 << 20
-    # gRPC send/receive cap; a response that would exceed it is RESOURCE_EXHAUSTED.
-    max_message_bytes: int = 64 << 20
-    # Per-request cap on the [T, C] output bytes in the requested dtype, whichever way they
-    # leave (response or shared memory); 0 = bounded by max_message_bytes (or the region).
-    max_output_bytes: int = 0
-    # How often the repository is re-scanned for new versions; 0 disables hot reload.
-    poll_seconds: float = 5.0
-    # SIGTERM: NOT_SERVING at once, then in-flight requests get this long to finish.
-    shutdown_grace_seconds: float = 10.0
-    # TLS: cert+key enable TLS; a client CA additionally requires client certificates.
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
-    # Shared secret for `authorization: Bearer <token>`; "" disables the check.
-    auth_token: str = ""
-    # json for log shippers, text for people.
-    log_format: str = "text"
-    # Tokenizer threads (tiktoken releases the GIL); 0 = one per core.
-    tokenize_threads: int = 0
-    # torch intra-op threads for CPU lookups. Parallelism comes from batching and gRPC's
-    # own threads; OpenMP fork/join per add fights them for the cores (measured: 2 threads
-    # on 2 cores halved T=1024 throughput). 0 = torch's default.
-    torch_threads: int = 1
-    # Server processes sharing the port (SO_REUSEPORT); each holds its own copy of the tables.
-    workers: int = 1
+    model_repository: Path = field(default=Path("models"), metadata=_help(
+        "root of models/<model>/<version>/ directories; must exist (it may be empty: the server "
+        "then starts live but not ready, and loads what appears)"))
+    default_model: str = field(default="", metadata=_help(
+        "model served when a request leaves `model` empty; empty = the first loaded name in "
+        "sorted order. Must name a model of a non-empty repository"))
+    pin_versions: str = field(default="", metadata=_help(
+        "pin versions, e.g. tiny=3,other=1; unpinned models serve their newest valid version. A "
+        "pinned version must be in the repository"))
+    host: str = field(default="127.0.0.1", metadata=_help(
+        "address every listener binds; loopback by default: exposing the ports is a deployment "
+        "decision (0.0.0.0 or :: for all)"))
+    grpc_port: int = field(default=50051, metadata=_help(
+        "gRPC port (native API and OIP); 0 picks a free port (logged and on the test handle)"))
+    metrics_port: int = field(default=9464, metadata=_help(
+        "Prometheus /metrics port (worker i uses this + i); 0 picks a free port, -1 turns "
+        "metrics off"))
+    device: str = field(default="auto", metadata=_help(
+        "auto = cuda when torch sees a GPU, else cpu; or cpu, cuda, cuda:N"))
+    table_dtype: str = field(default="stored", metadata=_help(
+        "dtype the tables are held in on the device: stored keeps the checkpoint's (a bf16 "
+        "table stays a memory map, widened row by row as gathered), or "
+        f"{', '.join(TABLE_DTYPE_NAMES)}; the position add is always fp32"))
+    max_batch_tokens: int = field(default=16384, metadata=_help(
+        "token budget of one gather+add: bounds per-batch memory ([tokens, C] floats)"))
+    max_batch_delay_us: int = field(default=0, metadata=_help(
+        "microseconds a batch waits for more work; 0 = take what is queued now (no latency "
+        "added at low load)"))
+    max_queue_tokens: int = field(default=262144, metadata=_help(
+        "tokens waiting for compute before new work gets RESOURCE_EXHAUSTED"))
+    max_tokens_per_request: int = field(default=8192, metadata=_help(
+        "per-request token cap (also bounded by each model's max_seq_len)"))
+    max_text_bytes: int = field(default=1 << 20, metadata=_help(
+        "text longer than this (UTF-8 bytes) is refused before tokenizing"))
+    max_message_bytes: int = field(default=64 << 20, metadata=_help(
+        "gRPC send/receive cap; a response that would exceed it is RESOURCE_EXHAUSTED"))
+    max_output_bytes: int = field(default=0, metadata=_help(
+        "per-request cap on the [T, C] output bytes in the requested dtype, whichever way they "
+        "leave (response or shared memory); 0 = bounded by --max-message-bytes"))
+    poll_seconds: float = field(default=5.0, metadata=_help(
+        "how often the repository is re-scanned for new, removed and repaired versions; 0 "
+        "disables hot reload"))
+    load_grace_seconds: float = field(default=30.0, metadata=_help(
+        "a new version that fails to load is 'not ready yet' (still being copied in: logged, "
+        "not counted as a failure) until it has stayed unchanged this long; then it is refused "
+        'and counted in embed_model_loads_total{result="error"}'))
+    shutdown_grace_seconds: float = field(default=10.0, metadata=_help(
+        "on SIGTERM: NOT_SERVING at once, then in-flight requests get this long to finish"))
+    tls_cert: str = field(default="", metadata=_help(
+        "PEM certificate file: with --tls-key enables TLS on the gRPC and HTTP ports"))
+    tls_key: str = field(default="", metadata=_help(
+        "PEM private key file of --tls-cert"))
+    tls_client_ca: str = field(default="", metadata=_help(
+        "PEM CA file: clients must present a certificate it signed"))
+    auth_token: str = field(default="", metadata=_help(
+        "shared secret for `authorization: Bearer <token>` (identity `default`); empty disables "
+        "the check"))
+    log_format: str = field(default="text", metadata=_help(
+        "json for log shippers, text for people"))
+    tokenize_threads: int = field(default=0, metadata=_help(
+        "tokenizer threads (tiktoken releases the GIL); 0 = one per core"))
+    torch_threads: int = field(default=1, metadata=_help(
+        "torch intra-op threads for CPU lookups; parallelism comes from batching and gRPC's "
+        "threads (measured: 2 threads on 2 cores halved T=1024 throughput); 0 = torch's default"))
+    workers: int = field(default=1, metadata=_help(
+        "server processes sharing the ports (SO_REUSEPORT), each with its own copy of the "
+        "tables; needs fixed --grpc-port and --http-port"))
     # --- request cost and memory bounds (docs/security.md) ---
-    # Sequences in one request (EmbedBatch inputs, OIP B); refused from the count alone,
-    # before anything is done per input. Each needs >= 1 token, so more than
-    # max_tokens_per_request can never succeed anyway.
-    max_inputs_per_request: int = 1024
-    # UTF-8 bytes of text summed over a request's inputs, refused before any is tokenized
-    # (tokenizing costs ~0.7 CPU-s per MiB): bounds one request's tokenizer time.
-    max_request_text_bytes: int = 1 << 20
-    # RPCs in flight (streams count once); past it gRPC core answers RESOURCE_EXHAUSTED
-    # without running any Python. 0 = no cap.
-    max_concurrent_rpcs: int = 512
-    # Per EmbedStream: bytes of answers finished but not yet taken by the client. Past it
-    # the stream stops reading requests until the client reads (one answer is always let
-    # through, however large).
-    max_stream_buffer_bytes: int = 16 << 20
-    # The same, summed over every stream: past it each stream holds one answer at most, so
-    # a few clients that never read cannot hold more than this between them. 0 = no cap.
-    max_unsent_bytes: int = 256 << 20
+    max_inputs_per_request: int = field(default=1024, metadata=_help(
+        "sequences in one request (EmbedBatch inputs, OIP B), refused from the count alone, "
+        "before anything is done per input"))
+    max_request_text_bytes: int = field(default=1 << 20, metadata=_help(
+        "UTF-8 bytes of text summed over a request's inputs, refused before any is tokenized "
+        "(bounds one request's tokenizer time)"))
+    max_concurrent_rpcs: int = field(default=512, metadata=_help(
+        "RPCs in flight (streams count once); past it gRPC core answers RESOURCE_EXHAUSTED "
+        "without running any Python; 0 = no cap"))
+    max_stream_buffer_bytes: int = field(default=16 << 20, metadata=_help(
+        "per EmbedStream: bytes of answers not yet taken by the client; past it the stream "
+        "stops reading requests (one answer always passes)"))
+    max_unsent_bytes: int = field(default=256 << 20, metadata=_help(
+        "the same summed over every stream: past it each stream holds one answer at most; 0 = "
+        "no cap"))
     # --- tracing (service/tracing.py) ---
-    # OTLP/gRPC collector for traces, e.g. http://otel-collector:4317; "" = tracing off:
-    # no exporter, no interceptor, nothing per request. The standard OTEL_EXPORTER_OTLP_*
-    # variables (headers, certificates, timeout, compression) still apply to the exporter.
-    otlp_endpoint: str = ""
-    # Fraction of new traces recorded; a client's sampled/unsampled traceparent is obeyed.
-    trace_sample_ratio: float = 1.0
+    otlp_endpoint: str = field(default="", metadata=_help(
+        "OTLP/gRPC trace collector, e.g. http://otel-collector:4317; empty = tracing off (the "
+        "standard OTEL_EXPORTER_OTLP_* variables still apply)"))
+    trace_sample_ratio: float = field(default=1.0, metadata=_help(
+        "fraction of new traces recorded, 0..1; a client's sampled/unsampled traceparent is "
+        "obeyed"))
     # --- HTTP (service/rpc/http.py): the Open Inference Protocol's REST form, the page ---
-    # REST port (KServe v2 / Triton HTTP), same loop, admission and batches as gRPC, same
-    # TLS files and token; 0 picks a free port (tests), -1 turns HTTP off.
-    http_port: int = 8000
-    # The page at / on the HTTP port: --ui / --no-ui (EMBED_UI=1/0); unset = on unless
-    # --auth-token is set (the page is for a person at a browser, not for a locked service).
-    ui: bool | None = None
+    http_port: int = field(default=8000, metadata=_help(
+        "REST port (KServe v2 / Triton HTTP, and the page); same TLS files and token as gRPC; 0 "
+        "picks a free port, -1 turns HTTP off"))
+    ui: bool | None = field(default=None, metadata=_help(
+        "the page at / on the HTTP port: --ui / --no-ui (EMBED_UI=1|0); unset = on unless a "
+        "token is required"))
     # --- identities and shared memory (service/rpc/identity.py, service/engine/shm.py) ---
-    # File of `name token` lines: one bearer token per client, whose name is the identity
-    # that owns its shared-memory regions; re-read when it changes (looked at <= 1/s).
-    auth_tokens: str = ""
-    # Serve the shared-memory RPCs to non-loopback peers (refused: PERMISSION_DENIED).
-    shm_allow_remote: bool = False
-    # Regions one identity may hold at once, and all identities together (each region
-    # holds one open descriptor; nothing is mapped); beyond: RESOURCE_EXHAUSTED.
-    max_shm_regions_per_identity: int = 16
-    max_shm_regions: int = 1024
+    auth_tokens: str = field(default="", metadata=_help(
+        "file of `name token` lines: one bearer token per client, whose name is the identity "
+        "owning its shared-memory regions; re-read when it changes"))
+    shm_allow_remote: bool = field(default=False, metadata=_help(
+        "serve the shared-memory RPCs to non-loopback peers (else PERMISSION_DENIED)"))
+    max_shm_regions_per_identity: int = field(default=16, metadata=_help(
+        "shared-memory regions one identity may hold at once"))
+    max_shm_regions: int = field(default=1024, metadata=_help(
+        "shared-memory regions all identities together may hold (one open descriptor each)"))
 
     def __post_init__(self) -> None:
+        for message in self._problems():
+            raise ValueError(message)
+
+    def _problems(self) -> list[str]:
+        """What makes this config unusable, each naming its flag and the accepted values."""
+        problems = []
         if self.table_dtype not in ("stored", *TABLE_DTYPE_NAMES):
-            raise ValueError(f"table_dtype {self.table_dtype!r}: "
-                             f"stored|{'|'.join(TABLE_DTYPE_NAMES)}")
+            problems.append(f"--table-dtype {self.table_dtype!r}: choose one of "
+                            f"stored, {', '.join(TABLE_DTYPE_NAMES)}")
         if self.log_format not in ("json", "text"):
-            raise ValueError(f"log_format {self.log_format!r}: json|text")
+            problems.append(f"--log-format {self.log_format!r}: choose json or text")
         if self.max_batch_tokens <= 0 or self.max_queue_tokens < self.max_batch_tokens:
-            raise ValueError("need 0 < max_batch_tokens <= max_queue_tokens")
+            problems.append(f"--max-batch-tokens {self.max_batch_tokens} and "
+                            f"--max-queue-tokens {self.max_queue_tokens}: need "
+                            f"0 < --max-batch-tokens <= --max-queue-tokens")
         if bool(self.tls_cert) != bool(self.tls_key):
-            raise ValueError("tls_cert and tls_key go together")
-        if self.max_output_bytes < 0:
-            raise ValueError("max_output_bytes must be >= 0 (0 = no separate cap)")
+            problems.append("--tls-cert and --tls-key go together: give both or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            problems.append("--tls-client-ca needs --tls-cert and --tls-key (TLS on)")
+        for name in ("max_output_bytes", "max_concurrent_rpcs", "max_unsent_bytes",
+                     "max_batch_delay_us", "tokenize_threads", "torch_threads",
+                     "poll_seconds", "load_grace_seconds", "shutdown_grace_seconds"):
+            if getattr(self, name) < 0:
+                problems.append(f"{flag_name(name)} {getattr(self, name)}: must be >= 0")
         for name in ("max_inputs_per_request", "max_request_text_bytes",
-                     "max_stream_buffer_bytes"):
+                     "max_stream_buffer_bytes", "max_tokens_per_request", "max_text_bytes",
+                     "max_message_bytes", "workers"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if self.max_concurrent_rpcs < 0 or self.max_unsent_bytes < 0:
-            raise ValueError("max_concurrent_rpcs and max_unsent_bytes must be >= 0 (0 = no cap)")
-        if self.workers < 1:
-            raise ValueError("workers must be >= 1")
+                problems.append(f"{flag_name(name)} {getattr(self, name)}: must be >= 1")
         if not 0.0 <= self.trace_sample_ratio <= 1.0:
-            raise ValueError(f"trace_sample_ratio {self.trace_sample_ratio}: 0..1")
+            problems.append(f"--trace-sample-ratio {self.trace_sample_ratio}: must be in 0..1")
         if not 0 < self.max_shm_regions_per_identity <= self.max_shm_regions:
-            raise ValueError("need 0 < max_shm_regions_per_identity <= max_shm_regions")
+            problems.append("need 0 < --max-shm-regions-per-identity <= --max-shm-regions")
+        problems.extend(self._port_problems())
+        try:
+            parse_pins(self.pin_versions)
+        except ValueError as e:
+            problems.append(str(e))
+        return problems
+
+    def _port_problems(self) -> list[str]:
+        problems = []
+        last_metrics = self.metrics_port + self.workers - 1 if self.metrics_port > 0 else 0
+        for name, low in (("grpc_port", 0), ("http_port", -1), ("metrics_port", -1)):
+            port = getattr(self, name)
+            top = last_metrics if name == "metrics_port" else port
+            if port < low or top > 65535:
+                off = "" if low == 0 else ", or -1 for off"
+                problems.append(f"{flag_name(name)} {port}: must be a port in 0..65535{off}"
+                                + (f" (worker {self.workers - 1} would use {top})"
+                                   if top != port else ""))
+        if self.workers > 1 and self.grpc_port == 0:
+            problems.append("--workers > 1 needs a fixed --grpc-port (0 would differ per "
+                            "worker)")
+        if self.workers > 1 and self.http_port == 0:
+            problems.append("--workers > 1 needs a fixed --http-port, or -1 for no HTTP (0 "
+                            "would differ per worker)")
+        taken: dict[int, str] = {}
+        metrics = (range(self.metrics_port, last_metrics + 1) if self.metrics_port > 0
+                   else range(0))
+        for port, flag in ((self.grpc_port, "--grpc-port"), (self.http_port, "--http-port"),
+                           *((p, "--metrics-port") for p in metrics)):
+            if port > 0 and port in taken:
+                problems.append(f"{flag} {port}: the same port as {taken[port]}; each "
+                                f"listener needs its own port")
+            taken.setdefault(port, flag)
+        return problems
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line on stderr and exit status 2 (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _is_bool(annotation: object) -> bool:
@@ -164,40 +260,64 @@ def _env_bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
+_METAVARS: dict[type, str] = {str: "TEXT", int: "N", float: "X"}
+
+
+def _shown(default: object) -> str:
+    if default is None:
+        return "unset"
+    return repr(default) if isinstance(default, str) else str(default)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(
+        prog="python -m service",
+        description="Serve input embeddings over gRPC (native and Open Inference Protocol) "
+                    "and HTTP. Every flag also reads its EMBED_* environment variable; a "
+                    "flag given here wins. A mistake at start-up is one line on stderr and "
+                    "exit status 2.")
+    for f in fields(ServerConfig):
+        shown = f"(env {env_name(f.name)}; default {_shown(f.default)})"
+        text = (f.metadata["help"] + " " + shown).replace("%", "%%")
+        if _is_bool(f.type):  # --x / --no-x; bool("0") would be True
+            parser.add_argument(flag_name(f.name), dest=f.name, default=None,
+                                action=argparse.BooleanOptionalAction, help=text)
+            continue
+        kind = type(f.default)
+        metavar = "PATH" if isinstance(f.default, Path) else _METAVARS[kind]
+        parser.add_argument(flag_name(f.name), dest=f.name, type=kind, default=None,
+                            metavar=metavar, help=text)
+    return parser
+
+
 def parse_config(argv: Sequence[str] | None = None,
                  environ: Mapping[str, str] | None = None) -> ServerConfig:
-    """Flags, then ``EMBED_*`` environment variables, then the dataclass defaults."""
+    """Flags, then ``EMBED_*`` environment variables, then the dataclass defaults.
+
+    A mistake exits with status 2 and one line naming the flag or variable."""
     env = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(prog="python -m service",
-                                     description="Serve input embeddings over gRPC and HTTP.")
-    defaults = ServerConfig()
-    for f in fields(ServerConfig):
-        default = getattr(defaults, f.name)
-        env_name = "EMBED_" + f.name.upper()
-        if _is_bool(f.type):  # --x / --no-x; bool("0") would be True
-            parser.add_argument(_flag(f.name), dest=f.name, default=None,
-                                action=argparse.BooleanOptionalAction,
-                                help=f"(env {env_name}=1|0; default {default!s})")
-            continue
-        parser.add_argument(_flag(f.name), dest=f.name, type=type(default), default=None,
-                            help=f"(env {env_name}; default {default!s})")
+    parser = _parser()
     ns = parser.parse_args(argv)
     values: dict[str, object] = {}
     for f in fields(ServerConfig):
-        kind: Callable[[str], object] = (_env_bool if _is_bool(f.type)
-                                         else type(getattr(defaults, f.name)))
+        kind: Callable[[str], object] = _env_bool if _is_bool(f.type) else type(f.default)
         value = getattr(ns, f.name)
-        if value is None and ("EMBED_" + f.name.upper()) in env:
-            raw = env["EMBED_" + f.name.upper()]
+        if value is None and env_name(f.name) in env:
+            raw = env[env_name(f.name)]
             try:
                 value = kind(raw)
             except ValueError:
                 name = getattr(kind, "__name__", "") if kind is not _env_bool else "bool (1|0)"
-                parser.error(f"EMBED_{f.name.upper()}={raw!r} is not a valid {name}")
+                parser.error(f"{env_name(f.name)}={raw!r} is not a valid {name}")
         if value is not None:
             values[f.name] = value
     try:
         return ServerConfig(**values)  # type: ignore[arg-type]
     except ValueError as e:
         parser.error(str(e))
-        raise  # unreachable: parser.error exits
+
+
+def exit_with(message: str) -> NoReturn:
+    """Refuse to start: one line on stderr, exit status 2 (as argparse does)."""
+    print(f"python -m service: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)

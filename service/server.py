@@ -23,15 +23,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service import tracing
-from service.config import ServerConfig
+from service.config import ServerConfig, parse_pins
 from service.dtypes import BY_NAME
 from service.engine.batcher import Batcher
 from service.engine.engine import Engine
-from service.engine.repository import LoadedModel, Repository, parse_pins
+from service.engine.repository import LoadedModel, Repository
 from service.engine.shm import SharedMemoryRegistry
 from service.engine.tables import resolve_device
 from service.engine.validation import Limits
 from service.metrics import Metrics
+from service.preflight import StartupError, bind_refusal
 from service.rpc.frame import Frame
 from service.rpc.http import HttpFront
 from service.rpc.http_wire import server_ssl_context
@@ -57,7 +58,9 @@ class EmbeddingServer:
         self.repo = Repository(config.model_repository, self.device,
                                None if config.table_dtype == "stored"
                                else BY_NAME[config.table_dtype].torch, config.default_model,
-                               parse_pins(config.pin_versions), self._on_load)
+                               parse_pins(config.pin_versions), self._on_load,
+                               # with no next poll a failing version cannot be "not ready yet"
+                               config.load_grace_seconds if config.poll_seconds > 0 else 0.0)
         self.batcher = Batcher(config.max_batch_tokens, config.max_batch_delay_us,
                                config.max_queue_tokens, self.metrics.observe_batch)
         self.metrics.queue_tokens.set_function(lambda: self.batcher.queued_tokens)
@@ -98,6 +101,8 @@ class EmbeddingServer:
         self.metrics.model_loads.labels(model, result).inc()
 
     def _publish(self, loaded: list[LoadedModel]) -> None:
+        for name in set(self._info_labels) - set(self.repo.models):  # no longer served
+            self.metrics.model_info.remove(*self._info_labels.pop(name))
         for model in loaded:
             m = model.checkpoint.manifest
             old = self._info_labels.pop(model.name, None)
@@ -118,6 +123,8 @@ class EmbeddingServer:
         self._publish(loaded)
         if self.engine.ready:
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        elif not self.engine.draining:  # every model's folder was removed
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def _poll(self) -> None:
         while True:
@@ -153,18 +160,21 @@ class EmbeddingServer:
             server)
         address = f"{c.host}:{c.grpc_port}"
         creds = self._credentials()
-        self.grpc_port = (server.add_secure_port(address, creds) if creds
-                          else server.add_insecure_port(address))
+        try:
+            self.grpc_port = (server.add_secure_port(address, creds) if creds
+                              else server.add_insecure_port(address))
+        except RuntimeError as e:  # "Failed to bind": python -m service checked just before
+            raise StartupError(bind_refusal("--grpc-port", c.host, c.grpc_port, e)) from None
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.batcher.start()
         await server.start()
-        if self.http is not None:
-            context = (server_ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca)
-                       if c.tls_cert else None)
-            self.http_port = await self.http.start(c.host, c.http_port, context,
-                                                   reuse_port=c.workers > 1)
-        if c.metrics_port >= 0:
-            self.metrics_port = self.metrics.serve(c.host, c.metrics_port)
+        try:
+            await self._listen()
+        except StartupError:
+            await server.stop(0)
+            await self.batcher.close()
+            self.metrics.close()
+            raise
         await self.refresh()
         if c.poll_seconds > 0:
             self._poller = asyncio.get_running_loop().create_task(self._poll())
@@ -173,6 +183,24 @@ class EmbeddingServer:
         log.info("serving %s on %s:%d (http :%d, metrics :%d, device %s, default model %r)",
                  models, c.host, self.grpc_port, self.http_port, self.metrics_port,
                  self.device, self.repo.default_model)
+
+    async def _listen(self) -> None:
+        """Bind the HTTP and metrics ports; StartupError naming the flag when one is taken."""
+        c = self.config
+        if self.http is not None:
+            context = (server_ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca)
+                       if c.tls_cert else None)
+            try:
+                self.http_port = await self.http.start(c.host, c.http_port, context,
+                                                       reuse_port=c.workers > 1)
+            except OSError as e:
+                raise StartupError(bind_refusal("--http-port", c.host, c.http_port, e)) from None
+        if c.metrics_port >= 0:
+            try:
+                self.metrics_port = self.metrics.serve(c.host, c.metrics_port)
+            except OSError as e:
+                raise StartupError(bind_refusal("--metrics-port", c.host, c.metrics_port, e)
+                                   ) from None
 
     async def drain(self, grace: float | None = None) -> None:
         """NOT_SERVING, refuse new work, let in-flight RPCs finish, then stop."""
@@ -200,11 +228,15 @@ class EmbeddingServer:
 async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM/SIGINT, then drain within the grace period."""
     server = EmbeddingServer(config)
-    await server.start()
+    # Handlers first: a SIGTERM that lands while loading (or just after the "serving" line)
+    # still drains, once start() is done, instead of killing the process.
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.drain()))
-    await server.stopped.wait()
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    await stop.wait()
+    await server.drain()
 
 
 @dataclass

@@ -14,7 +14,9 @@ is not shutting down is started again with the same config and index (one log li
 the running restart count). Restarts are rate-bounded per worker (``RestartPolicy``): the
 first one is immediate, the next ones back off exponentially, and more than
 ``max_restarts`` within ``window_s`` stops the whole server with exit status 1, so a
-crash loop neither spins nor hides (the orchestrator then sees a failed pod). SIGTERM
+crash loop neither spins nor hides (the orchestrator then sees a failed pod). A worker
+that refuses to start (exit status 2: a device torch does not see, a port taken) stops the
+server with status 2 at once, without restarts. SIGTERM
 to the parent is forwarded; each worker drains as usual and the parent exits with the
 worst final status. SIGINT is treated as SIGTERM.
 """
@@ -34,13 +36,16 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from service.config import ServerConfig
+from service.config import ServerConfig, exit_with
 from service.format import shared_tables
 from service.logs import setup_logging
 
 __all__ = ["RestartBudget", "RestartPolicy", "describe_exit", "run_workers"]
 
 log = logging.getLogger("service.workers")
+# A worker's exit status when its config cannot work here (service/preflight.py): the
+# server stops with it instead of restarting the worker into the same refusal.
+REFUSED = 2
 
 
 @dataclass(frozen=True)
@@ -90,11 +95,16 @@ def describe_exit(exitcode: int | None) -> str:
 
 def _worker(config: ServerConfig, index: int) -> None:
     # Imported here, in the worker: the parent supervises and never loads torch (~250 MB).
+    from service.preflight import StartupError, check_device
     from service.server import serve
 
     setup_logging(config)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
-    asyncio.run(serve(config))
+    try:
+        check_device(config.device)
+        asyncio.run(serve(config))
+    except StartupError as e:  # no such device, or a port taken after the parent's check
+        exit_with(str(e))  # status REFUSED: the parent stops, restarting cannot help
 
 
 class _Supervisor:
@@ -109,6 +119,7 @@ class _Supervisor:
         self.restarts = 0
         self.stopping = False
         self.gave_up = False
+        self.refused = False
 
     def spawn(self, index: int) -> None:
         c = self.config
@@ -130,6 +141,12 @@ class _Supervisor:
     def on_exit(self, index: int, proc: BaseProcess) -> None:
         code = proc.exitcode
         if self.stopping:
+            return
+        if code == REFUSED:  # the worker said why on stderr; a restart would say it again
+            log.error("worker %d (pid %s) refused to start; stopping the server", index,
+                      proc.pid)
+            self.refused = True
+            self.stop()
             return
         if code == 0:  # a clean exit (e.g. its own SIGTERM drain) is not a crash
             log.info("worker %d (pid %s) exited cleanly; not restarting it", index, proc.pid)
@@ -167,6 +184,8 @@ class _Supervisor:
                 proc = live.pop(index)
                 proc.join()
                 self.on_exit(index, proc)
+        if self.refused:
+            return REFUSED
         if self.gave_up:
             return 1
         return max((p.exitcode or 0) for p in self.procs.values())
@@ -183,11 +202,6 @@ def _share_tables(config: ServerConfig) -> None:
 
 def run_workers(config: ServerConfig, policy: RestartPolicy | None = None) -> None:
     """Start ``config.workers`` servers sharing the gRPC port, supervise, exit with status."""
-    if config.grpc_port == 0:
-        raise SystemExit("--workers > 1 needs a fixed --grpc-port (0 would differ per worker)")
-    if config.http_port == 0:
-        raise SystemExit("--workers > 1 needs a fixed --http-port, or -1 (0 would differ per "
-                         "worker)")
     _share_tables(config)
     sup = _Supervisor(config, policy or RestartPolicy())
     for i in range(config.workers):

@@ -34,6 +34,9 @@ def start(repo: Path, **overrides: object) -> ServerHandle:
     device = os.environ.get("EMBED_TEST_DEVICE", "cpu")
     settings: dict[str, object] = {"grpc_port": 0, "http_port": 0, "metrics_port": 0,
                                    "poll_seconds": 0, "default_model": "tiny", "device": device,
+                                   # a failing version is refused at once (not "not ready
+                                   # yet"): tests/service/test_copy_in.py sets a grace
+                                   "load_grace_seconds": 0,
                                    **overrides}
     config = ServerConfig(model_repository=repo, **settings)  # type: ignore[arg-type]
     return start_in_thread(config)

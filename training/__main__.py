@@ -1,4 +1,9 @@
-"""``python -m training``: tokenize, train, plot, export (``--help`` lists every flag)."""
+"""``python -m training``: tokenize, train, plot, export (``--help`` lists every flag).
+
+A mistake a person can make (``--data`` matching nothing, ``--resume`` without state, a
+device that is not there, a corpus too small) is one line on stderr and exit status 2,
+checked before the corpus is tokenized where it can be (training/errors.py).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,12 @@ from pathlib import Path
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from training import distributed
 from training.config import TrainConfig, parse_config
-from training.data import load_tokens
+from training.data import load_tokens, resolve_sources
+from training.errors import UsageError
 from training.export import export_model
 from training.malloc import reexec_with_tunables
 from training.plot import PlotsUnavailable, plot_losses
+from training.state import check_resumable, state_path
 from training.train import TrainResult, train
 
 __all__ = ["main", "run"]
@@ -53,9 +60,25 @@ def run(cfg: TrainConfig) -> tuple[TrainResult, Path | None]:
         distributed.teardown()
 
 
+def check_inputs(cfg: TrainConfig) -> None:
+    """What can be refused before any work: the --data sources and the --resume state."""
+    resolve_sources(cfg.data)
+    if cfg.resume:
+        check_resumable(state_path(Path(cfg.runs_dir), cfg.name))
+    out = Path(cfg.out_repository)
+    if cfg.export and out.exists() and not out.is_dir():
+        raise UsageError(f"--out-repository {out}: is a file, not a directory")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; 0 on success."""
-    run(parse_config(argv))
+    """Entry point; 0 on success, 2 with one line on a mistake in the flags or inputs."""
+    cfg = parse_config(argv)
+    try:
+        check_inputs(cfg)
+        run(cfg)
+    except UsageError as e:
+        print(f"python -m training: error: {e}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NoReturn
 
 from training.loss import DEFAULT_CHUNK
 from training.model import POSITIONS, ModelConfig
@@ -72,15 +72,15 @@ class TrainConfig:
     progress: bool = True  # progress on stderr: tqdm bar, or plain lines without tqdm
 
     def __post_init__(self) -> None:
-        if self.batch_size % self.grad_accum:
-            raise ValueError(f"batch_size {self.batch_size} not divisible by "
-                             f"grad_accum {self.grad_accum}")
+        if self.grad_accum < 1 or self.batch_size % self.grad_accum:
+            raise ValueError(f"--batch-size {self.batch_size} is not divisible by "
+                             f"--grad-accum {self.grad_accum}")
         if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError("val_fraction must be in (0, 1)")
+            raise ValueError(f"--val-fraction {self.val_fraction}: must be in (0, 1)")
         if self.max_steps <= 0 or self.warmup_steps < 0:
-            raise ValueError("max_steps must be > 0 and warmup_steps >= 0")
+            raise ValueError("--max-steps must be > 0 and --warmup-steps >= 0")
         if self.adamw_impl not in ADAMW_IMPLS:
-            raise ValueError(f"adamw_impl {self.adamw_impl!r} not in {ADAMW_IMPLS}")
+            raise ValueError(f"--adamw-impl {self.adamw_impl!r} not in {ADAMW_IMPLS}")
         self.model_config(vocab_size=1)  # shape checks live in ModelConfig
 
     def model_config(self, vocab_size: int) -> ModelConfig:
@@ -103,6 +103,13 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line on stderr and exit status 2 (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _parse_bool(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -112,13 +119,26 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
+def _from_env(parser: argparse.ArgumentParser, name: str, raw: str | None,
+              kind: Callable[[str], Any], default: Any) -> Any:
+    """An EMBED_TRAIN_* value, or the default; a bad one is a one-line error naming it."""
+    if raw is None:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        parser.error(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid "
+                     f"{'bool (1|0)' if kind is _parse_bool else kind.__name__}")
+
+
 def parse_config(argv: Sequence[str] | None = None,
                  env: Mapping[str, str] | None = None) -> TrainConfig:
     """Flags, then EMBED_TRAIN_* environment variables, then the defaults."""
     env = os.environ if env is None else env
     defaults = TrainConfig()
-    parser = argparse.ArgumentParser(prog="python -m training",
-                                     description="Train a small GPT and export its tables.")
+    parser = _OneLineParser(prog="python -m training",
+                            description="Train a small GPT and export its tables. A mistake "
+                                        "in a flag or input is one line and exit status 2.")
     for f in fields(TrainConfig):
         default = getattr(defaults, f.name)
         raw = env.get(ENV_PREFIX + f.name.upper())
@@ -128,12 +148,12 @@ def parse_config(argv: Sequence[str] | None = None,
                                 help="text files, globs, directories or .jsonl "
                                      "(default: pydoc_data.topics)")
         elif isinstance(default, bool):
-            value = _parse_bool(raw) if raw is not None else default
+            value = _from_env(parser, f.name, raw, _parse_bool, default)
             parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction,
                                 default=value)
         else:
             kind = type(default)
-            value = kind(raw) if raw is not None else default
+            value = _from_env(parser, f.name, raw, kind, default)
             choices = {"position": POSITIONS, "adamw_impl": ADAMW_IMPLS}.get(f.name)
             parser.add_argument(_flag(f.name), type=kind, default=value, choices=choices,
                                 help=f"(default {value}; env {ENV_PREFIX}{f.name.upper()})")
@@ -143,4 +163,3 @@ def parse_config(argv: Sequence[str] | None = None,
         return TrainConfig(**ns)
     except ValueError as e:
         parser.error(str(e))
-        raise  # unreachable: parser.error exits

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from service.format.tokenizer import ENDOFTEXT, Tokenizer
+from training.errors import UsageError
 from training.progress import progress_bar
 
 __all__ = ["DEFAULT_CORPUS", "TokenData", "default_corpus_ids", "default_corpus_text",
@@ -78,14 +79,22 @@ def resolve_sources(patterns: Sequence[str]) -> list[Path]:
     """Expand globs and directories into a sorted, de-duplicated list of files."""
     found: list[Path] = []
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern, recursive=True)) or [pattern]
-        for m in map(Path, matches):
+        matches = sorted(glob.glob(pattern, recursive=True))
+        if not matches and glob.has_magic(pattern):
+            raise UsageError(f"--data {pattern}: the pattern matches no file or directory "
+                             f"(relative to {Path.cwd()}); check the path, or quote the "
+                             f"glob so the shell does not expand it")
+        for m in map(Path, matches or [pattern]):
             if m.is_dir():
-                found.extend(sorted(p for p in m.rglob("*") if p.is_file()))
+                files = sorted(p for p in m.rglob("*") if p.is_file())
+                if not files:  # else the job would silently train on the default corpus
+                    raise UsageError(f"--data {pattern}: the directory {m} holds no files")
+                found.extend(files)
             elif m.is_file():
                 found.append(m)
             else:
-                raise FileNotFoundError(f"--data {pattern}: no such file or directory")
+                raise UsageError(f"--data {pattern}: no such file or directory (relative "
+                                 f"to {Path.cwd()})")
     unique: dict[Path, Path] = {}
     for p in found:
         unique.setdefault(p.resolve(), p)
@@ -135,14 +144,14 @@ def _documents(sources: Sequence[Path]) -> Iterator[Iterator[str]]:
         yield iter([default_corpus_text()])
     for path in sources:
         if path.suffix == ".jsonl":
-            with path.open(encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    if line.strip():
+            with path.open("rb") as f:
+                for lineno, raw in enumerate(f, 1):
+                    if raw.strip():
                         try:
-                            yield iter([str(json.loads(line)["text"])])
-                        except (ValueError, KeyError, TypeError) as e:
-                            raise ValueError(f"{path}:{lineno}: need a JSON object with "
-                                             f"a 'text' field") from e
+                            yield iter([str(json.loads(raw)["text"])])
+                        except (ValueError, KeyError, TypeError) as e:  # UnicodeError too
+                            raise UsageError(f"{path}:{lineno}: need a JSON object with "
+                                             f"a 'text' field, one per line, in UTF-8") from e
         else:
             yield _read_text(path)
 
@@ -236,6 +245,8 @@ def load_tokens(patterns: Sequence[str], tokenizer: Tokenizer, cache_dir: Path,
     tokens = np.memmap(shard, dtype=token_dtype(tokenizer.n_vocab), mode="r")
     n_train = int(len(tokens) * (1.0 - val_fraction))
     if n_train < 2 or len(tokens) - n_train < 2:
-        raise ValueError(f"corpus too small: {len(tokens)} tokens")
+        raise UsageError(f"--data: the corpus is too small: {len(tokens)} tokens leave "
+                         f"{n_train} for training and {len(tokens) - n_train} for validation "
+                         f"at --val-fraction {val_fraction} (need >= 2 each); give more text")
     return TokenData(train=tokens[:n_train], val=tokens[n_train:], corpus_sha256=key,
                      path=shard, reused=reused)

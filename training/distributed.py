@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from training.errors import UsageError
+
 __all__ = ["Topology", "all_reduce_mean", "resolve_device", "setup", "teardown"]
 
 
@@ -36,9 +38,17 @@ def resolve_device(pref: str, local_rank: int) -> torch.device:
     """auto -> cuda:<local_rank> when CUDA is available, else cpu."""
     if pref == "auto":
         pref = "cuda" if torch.cuda.is_available() else "cpu"
-    if pref == "cuda":
-        return torch.device("cuda", local_rank)
-    return torch.device(pref)
+    try:
+        device = torch.device("cuda", local_rank) if pref == "cuda" else torch.device(pref)
+    except RuntimeError:
+        raise UsageError(f"--device {pref!r}: not a device torch knows; use auto, cpu, cuda "
+                         f"or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise UsageError(f"--device {pref}: torch sees {count} CUDA device(s) here; use "
+                             f"--device cpu, or auto to take a GPU when there is one")
+    return device
 
 
 def setup(device_pref: str) -> Topology:

@@ -15,7 +15,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["STATE_FILE", "TrainerState", "load_state", "save_state", "state_path"]
+from training.errors import UsageError
+
+__all__ = ["STATE_FILE", "TrainerState", "check_resumable", "load_resumable", "load_state",
+           "save_state", "state_path"]
 
 STATE_FILE = "trainer.pt"
 
@@ -61,3 +64,24 @@ def load_state(path: Path) -> TrainerState:
     """Read a state written by :func:`save_state` (weights_only: no code runs)."""
     data = torch.load(path, map_location="cpu", weights_only=True)
     return TrainerState(**data)
+
+
+def check_resumable(path: Path) -> None:
+    """UsageError naming the file and the fix when ``--resume`` has no state to read."""
+    if not path.is_file():
+        raise UsageError(f"--resume: no trainer state at {path}; a run saves it there (its "
+                         f"--runs-dir/--name) at --checkpoint-every steps and at its end: give "
+                         f"the --runs-dir and --name of the run to continue, or drop --resume "
+                         f"to start fresh")
+
+
+def load_resumable(path: Path) -> TrainerState:
+    """The state ``--resume`` continues from; UsageError naming the file and the fix when
+    there is none or it cannot be read."""
+    check_resumable(path)
+    try:
+        return load_state(path)
+    except Exception as e:  # torch.load: truncated, not a state file, another version's
+        raise UsageError(f"--resume: {path} is not a readable trainer state ("
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                         f"remove it to start fresh") from e

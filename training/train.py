@@ -24,10 +24,11 @@ from training import distributed
 from training.baseline import unigram_cross_entropy
 from training.config import TrainConfig
 from training.data import TokenData
+from training.errors import UsageError
 from training.model import GPT
 from training.optim import build_optimizers, clip_grad_norm, lr_at
 from training.progress import progress_bar
-from training.state import TrainerState, load_state, save_state, state_path
+from training.state import TrainerState, load_resumable, save_state, state_path
 
 __all__ = ["Batches", "TrainResult", "evaluate", "train"]
 
@@ -101,7 +102,8 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cfg.threads or max(1, cores // topo.local_world_size))
     if cfg.sparse_embeddings and topo.world_size > 1:
-        raise ValueError("--sparse-embeddings is single-process only (DDP needs dense grads)")
+        raise UsageError("--sparse-embeddings is single-process only (DDP needs dense "
+                         "grads): drop it, or run one process")
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(tokenizer.n_vocab)).to(device)
     optimizers = build_optimizers(model, cfg)
@@ -110,9 +112,12 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
     step, tokens, history = 0, 0, []
     path = state_path(Path(cfg.runs_dir), cfg.name)
     if cfg.resume:
-        st = load_state(path)
+        st = load_resumable(path)
         if st.corpus_sha256 != data.corpus_sha256:
-            raise ValueError(f"{path}: trained on another corpus ({st.corpus_sha256[:12]})")
+            raise UsageError(f"--resume: {path} was trained on another corpus (sha256 "
+                             f"{st.corpus_sha256[:12]}, this --data is "
+                             f"{data.corpus_sha256[:12]}); resume with the run's own --data, "
+                             f"or start fresh without --resume")
         model.load_state_dict(st.model)
         for opt, sd in zip(optimizers, st.optimizers, strict=True):
             opt.load_state_dict(sd)
@@ -131,8 +136,8 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
                 else contextlib.nullcontext())
     per_rank = cfg.batch_size // topo.world_size
     if per_rank * topo.world_size != cfg.batch_size or per_rank % cfg.grad_accum:
-        raise ValueError(f"batch_size {cfg.batch_size} must split into {topo.world_size} "
-                         f"ranks x {cfg.grad_accum} micro-batches")
+        raise UsageError(f"--batch-size {cfg.batch_size} must split into {topo.world_size} "
+                         f"ranks x --grad-accum {cfg.grad_accum} micro-batches")
     micro = per_rank // cfg.grad_accum
     unigram = unigram_cross_entropy(data.train, data.val, tokenizer.n_vocab)
     stop = min(cfg.max_steps, cfg.stop_at or cfg.max_steps)

@@ -11,6 +11,7 @@ import pytest
 from service.format.tokenizer import Tokenizer
 from tests.training.conftest import corpus_text
 from training.data import default_corpus_text, iter_blocks, load_tokens, resolve_sources
+from training.errors import UsageError
 
 EOT = 50256
 
@@ -52,7 +53,7 @@ def test_jsonl_without_text_is_an_error(tmp_path: Path, tokenizer: Tokenizer) ->
 
 
 def test_missing_input_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"nope\.txt: no such file"):
+    with pytest.raises(UsageError, match=r"nope\.txt: no such file or directory"):
         resolve_sources([str(tmp_path / "nope.txt")])
 
 

@@ -100,5 +100,5 @@ def test_grad_accumulation_matches_one_big_batch(make_config: MakeConfig,
 
 
 def test_config_rejects_uneven_accumulation() -> None:
-    with pytest.raises(ValueError, match="not divisible by grad_accum 3"):
+    with pytest.raises(ValueError, match="not divisible by --grad-accum 3"):
         dataclasses.replace(TrainConfig(), batch_size=8, grad_accum=3)

@@ -19,7 +19,7 @@ from service.format.rules import Rules
 from service.format.tensorfile import sha256_file  # re-exported: one file hash for the project
 
 __all__ = ["ImporterError", "SafetensorsDir", "SourceTables", "check_shape", "config_int",
-           "resolve_names", "sha256_file"]
+           "read_json_object", "resolve_names", "sha256_file"]
 
 # Pickled weight files: refused by name, never opened.
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -27,6 +27,22 @@ _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 class ImporterError(Exception):
     """A source that cannot be imported; the message names the file and tensor."""
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object; ImporterError naming the file, line and column when
+    it is not valid JSON (a truncated download, an HTML error page saved as JSON)."""
+    try:
+        value = json.loads(path.read_bytes())
+    except UnicodeDecodeError as e:
+        raise ImporterError(f"{path}: not UTF-8 text (byte {e.start}); download it again"
+                            ) from None
+    except json.JSONDecodeError as e:
+        raise ImporterError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column "
+                            f"{e.colno}); download it again") from None
+    if not isinstance(value, dict):
+        raise ImporterError(f"{path}: holds a JSON {type(value).__name__}, not an object")
+    return value
 
 
 @dataclass(frozen=True)
@@ -92,14 +108,16 @@ class SafetensorsDir:
         config_path = self.dir / "config.json"
         if not config_path.is_file():
             raise ImporterError(f"{config_path}: missing (need the model's config.json)")
-        self.config: dict[str, Any] = json.loads(config_path.read_text())
+        self.config: dict[str, Any] = read_json_object(config_path)
         index = self.dir / "model.safetensors.index.json"
         if (self.dir / "model.safetensors").is_file():
             with safe_open(str(self.dir / "model.safetensors"), framework="pt") as f:
                 self.weight_map = dict.fromkeys(f.keys(), "model.safetensors")
         elif index.is_file():
-            self.weight_map = {str(k): str(v)
-                               for k, v in json.loads(index.read_text())["weight_map"].items()}
+            weight_map = read_json_object(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ImporterError(f"{index}: no \"weight_map\" object")
+            self.weight_map = {str(k): str(v) for k, v in weight_map.items()}
         else:
             pickles = sorted(p.name for p in self.dir.iterdir()
                              if p.suffix in _PICKLE_SUFFIXES)

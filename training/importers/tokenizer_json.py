@@ -20,7 +20,6 @@ texts; if they disagree, AutoTokenizer wins: its own backend tokenizer is stored
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from tokenizers.processors import TemplateProcessing
 
 from service.format.hf_tokenizer import HF_TOKENIZER_FILE
 from service.format.tokenizer import TokenizerSpec
-from training.importers.source import ImporterError, sha256_file
+from training.importers.source import ImporterError, read_json_object, sha256_file
 
 __all__ = ["PROBE_TEXTS", "ResolvedTokenizer", "resolve"]
 
@@ -128,7 +127,7 @@ def resolve(model_dir: Path, name: str) -> ResolvedTokenizer | None:
         raise ImporterError(f"{path}: not a tokenizer.json the tokenizers library reads "
                             f"({e})") from e
     config_path = model_dir / "tokenizer_config.json"
-    config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config: dict[str, Any] = read_json_object(config_path) if config_path.is_file() else {}
     _emulate(tok, config)
     auto, note = _auto_backend(model_dir, tok)
     source = "tokenizer.json + tokenizer_config.json"
