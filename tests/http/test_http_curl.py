@@ -1,5 +1,6 @@
 """Every ``curl`` command of docs/interop.md's REST section, run with real curl against a
-real server (the doc's ``localhost:8000`` and model ``default``, the one ``make run`` serves, become the test server's)."""
+real server (the doc's ``localhost:8000`` and model ``default``, the one ``make run``
+serves, become the test server's)."""
 
 from __future__ import annotations
 
