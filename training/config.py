@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
-from training.loss import DEFAULT_CHUNK
+from training.loss import DEFAULT_CHUNK, HEAD_PRECISIONS
 from training.model import POSITIONS, ModelConfig
 
 __all__ = ["ADAMW_IMPLS", "ENV_PREFIX", "TrainConfig", "parse_config"]
@@ -43,6 +43,7 @@ class TrainConfig:
     sparse_embeddings: bool = False  # sparse table grads + SparseAdam: idle rows never move
     table_rows: int = 50304  # GPT-2's 50257 padded to a multiple of 64
     loss_chunk: int = DEFAULT_CHUNK  # rows per chunk of the fused head + loss; 0 = full logits
+    head_precision: str = "fp32"  # fp32 | bf16: the chunked head's training matmuls (loss.py)
     # optimisation
     batch_size: int = 8  # sequences per optimizer step (global, across all DDP ranks)
     grad_accum: int = 1  # micro-batches per step; each holds batch_size / grad_accum rows
@@ -90,7 +91,7 @@ class TrainConfig:
                            n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout,
                            position=self.position, tie_weights=self.tie_weights,
                            sparse_embeddings=self.sparse_embeddings,
-                           loss_chunk=self.loss_chunk)
+                           loss_chunk=self.loss_chunk, head_precision=self.head_precision)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, recorded in the manifest's provenance."""
@@ -154,7 +155,8 @@ def parse_config(argv: Sequence[str] | None = None,
         else:
             kind = type(default)
             value = _from_env(parser, f.name, raw, kind, default)
-            choices = {"position": POSITIONS, "adamw_impl": ADAMW_IMPLS}.get(f.name)
+            choices = {"position": POSITIONS, "adamw_impl": ADAMW_IMPLS,
+                       "head_precision": HEAD_PRECISIONS}.get(f.name)
             parser.add_argument(_flag(f.name), type=kind, default=value, choices=choices,
                                 help=f"(default {value}; env {ENV_PREFIX}{f.name.upper()})")
     ns = vars(parser.parse_args(argv))

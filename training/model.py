@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from service.format.positions import sinusoidal_table  # the server recomputes it: same bits
-from training.loss import DEFAULT_CHUNK, linear_cross_entropy
+from training.loss import DEFAULT_CHUNK, HEAD_PRECISIONS, linear_cross_entropy
 
 __all__ = ["GPT", "POSITIONS", "ModelConfig", "flops_per_token", "matmul_params", "rope_tables"]
 
@@ -38,6 +38,7 @@ class ModelConfig:
     tie_weights: bool = False
     sparse_embeddings: bool = False  # nn.Embedding(sparse=True): row-sparse table gradients
     loss_chunk: int = DEFAULT_CHUNK  # rows per chunk of the fused head + loss; 0 = full logits
+    head_precision: str = "fp32"  # fp32 | bf16: the chunked head's matmuls in training
 
     def __post_init__(self) -> None:
         if self.position not in POSITIONS:
@@ -48,6 +49,10 @@ class ModelConfig:
             raise ValueError(f"n_embd {self.n_embd} not divisible by n_head {self.n_head}")
         if self.position == "none" and (self.n_embd // self.n_head) % 2:
             raise ValueError("RoPE needs an even head dimension")
+        if self.head_precision not in HEAD_PRECISIONS:
+            raise ValueError(f"head_precision {self.head_precision!r} not in {HEAD_PRECISIONS}")
+        if self.head_precision != "fp32" and not self.loss_chunk:
+            raise ValueError("head_precision bf16 needs the chunked loss (loss_chunk > 0)")
         if self.loss_chunk < 0:
             raise ValueError(f"loss_chunk must be >= 0, got {self.loss_chunk}")
         if self.tie_weights and self.sparse_embeddings:
@@ -186,7 +191,8 @@ class GPT(nn.Module):
         C = hidden.shape[-1]
         flat, goal = hidden.reshape(-1, C), targets.reshape(-1)  # (B*T, C), (B*T,)
         if self.cfg.loss_chunk:
-            return linear_cross_entropy(flat, self.lm_head.weight, goal, self.cfg.loss_chunk)
+            return linear_cross_entropy(flat, self.lm_head.weight, goal, self.cfg.loss_chunk,
+                                        self.cfg.head_precision)
         logits = self.lm_head(flat)  # (B*T, table_rows)
         return F.cross_entropy(logits.float(), goal)
 

@@ -119,3 +119,35 @@ def test_model_gradients_match_the_full_logits_path(make_config: MakeConfig, tie
         # whose true gradient is 0 shows large elementwise relative noise, hence this scale).
         err = float((grads[5][1][name] - g).abs().max())
         assert err <= 2e-5 * float(g.abs().max()), (name, err)
+
+
+def test_bf16_head_is_fp32_within_bfloat16_rounding() -> None:
+    """bf16 matmuls + softmax: loss and gradients within bf16's 2^-8 relative of the
+    fp32 path, returned in fp32; without a gradient the loss is the fp32 path's, bit for bit."""
+    hidden, weight, targets = _inputs()
+    out = {}
+    for precision in ("fp32", "bf16"):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        loss = linear_cross_entropy(h, w, targets, 16, precision)
+        loss.backward()
+        assert h.grad is not None
+        assert w.grad is not None
+        out[precision] = (loss.detach(), h.grad, w.grad)
+        assert loss.dtype == h.grad.dtype == w.grad.dtype == w.dtype == torch.float32
+    (l32, gh32, gw32), (l16, gh16, gw16) = out["fp32"], out["bf16"]
+    eps = 2.0 ** -8
+    assert abs(float(l16 - l32)) <= eps * float(l32)
+    assert float((gh16 - gh32).norm()) <= 2 * eps * float(gh32.norm())
+    assert float((gw16 - gw32).norm()) <= 2 * eps * float(gw32.norm())
+    assert not torch.equal(gh16, gh32)  # the bf16 path really ran
+    with torch.no_grad():
+        ev16 = linear_cross_entropy(hidden, weight, targets, 16, "bf16")
+        ev32 = linear_cross_entropy(hidden, weight, targets, 16, "fp32")
+    assert torch.equal(ev16, ev32)
+
+
+def test_bf16_head_needs_the_chunked_loss(make_config: MakeConfig) -> None:
+    with pytest.raises(ValueError, match="needs the chunked loss"):
+        make_config(loss_chunk=0, head_precision="bf16")
+    with pytest.raises(ValueError, match="precision 'fp16' not in"):
+        linear_cross_entropy(*_inputs(), 16, "fp16")

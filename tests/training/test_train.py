@@ -76,11 +76,13 @@ def test_untouched_rows_are_bit_identical_to_init(
     assert (trained[used] != init[used]).any(dim=1).all()  # every used row moved
 
 
-def test_resume_is_exact(make_config: MakeConfig, tokenizer: Tokenizer) -> None:
-    full = _run(make_config(name="full"), tokenizer)
-    stopped = _run(make_config(name="split", stop_at=8, checkpoint_every=4), tokenizer)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_resume_is_exact(make_config: MakeConfig, tokenizer: Tokenizer, precision: str) -> None:
+    full = _run(make_config(name="full", head_precision=precision), tokenizer)
+    stopped = _run(make_config(name="split", stop_at=8, checkpoint_every=4,
+                               head_precision=precision), tokenizer)
     assert stopped.step == 8
-    resumed = _run(make_config(name="split", resume=True), tokenizer)
+    resumed = _run(make_config(name="split", resume=True, head_precision=precision), tokenizer)
     assert resumed.step == 20
     assert resumed.history == full.history  # every loss, val loss and lr, exactly
     assert resumed.train_loss == full.train_loss
@@ -88,6 +90,7 @@ def test_resume_is_exact(make_config: MakeConfig, tokenizer: Tokenizer) -> None:
     for (name, a), b in zip(full.model.state_dict().items(),
                             resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
+        assert a.dtype == b.dtype == torch.float32, name  # fp32 master weights either way
 
 
 def test_grad_accumulation_matches_one_big_batch(make_config: MakeConfig,

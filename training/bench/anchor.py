@@ -150,7 +150,10 @@ def lever_variants(compile_: bool = False) -> dict[str, tuple[TrainConfig, int]]
            "foreach AdamW": (dataclasses.replace(REFERENCE, adamw_impl="foreach"), 0),
            "fused AdamW": (dataclasses.replace(REFERENCE, adamw_impl="fused"), 0),
            "1 thread": (REFERENCE, 1),
-           "tuned (ANCHOR: chunk 512 + fused)": (ANCHOR, 0)}
+           "tuned (ANCHOR: chunk 512 + fused)": (ANCHOR, 0),
+           "tuned + bf16 head": (dataclasses.replace(ANCHOR, head_precision="bf16"), 0),
+           "tuned + bf16 head, 1 thread": (dataclasses.replace(ANCHOR, head_precision="bf16"),
+                                           1)}
     if compile_:
         out["tuned + torch.compile"] = (dataclasses.replace(ANCHOR, compile=True), 0)
     return out

@@ -6,7 +6,8 @@ default run, and the step time of a 50257-row token table with dense vs sparse g
     .venv/bin/python -m training.bench --preset anchor   # nanoGPT's small config, 600 steps
     .venv/bin/python -m training.bench --preset levers   # each speed lever on its own
 
-The anchor and levers presets are training/bench/anchor.py's (read its docstring).
+The anchor and levers presets are training/bench/anchor.py's (read its docstring); the
+nanogpt preset (per-step time beside nanoGPT's own train.py) is training/bench/nanogpt.py's.
 
 The model step is training/train.py's: ``TrainConfig()`` defaults (shape and batch printed
 in the table header), its ``build_optimizers`` and ``clip_grad_norm``; once with dense
@@ -169,20 +170,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--malloc", choices=["tunables", "default"], default="tunables")
     p.add_argument("--out", type=Path, help="JSON report (default bench/results/<preset>.json)")
-    p.add_argument("--preset", choices=["default", "anchor", "levers"], default="default",
+    p.add_argument("--preset", choices=["default", "anchor", "levers", "nanogpt"],
+                   default="default",
                    help="default: the make-run model; anchor/levers: nanoGPT's small config")
     p.add_argument("--anchor-steps", type=int, default=600, help="anchor: whole-run steps")
     p.add_argument("--breakdown-steps", type=int, default=5, help="anchor: timed phase steps")
     p.add_argument("--rounds", type=int, default=3, help="levers: interleaved rounds")
     p.add_argument("--lever-steps", type=int, default=2, help="levers: steps per round")
     p.add_argument("--compile", action="store_true", help="levers: add torch.compile")
+    p.add_argument("--nano-steps", type=int, default=30,
+                   help="nanogpt: timed steps per process (after --warmup)")
     args = p.parse_args(argv)
-    name = {"default": "train_bench", "anchor": "train_anchor", "levers": "train_levers"}
+    name = {"default": "train_bench", "anchor": "train_anchor", "levers": "train_levers",
+            "nanogpt": "train_nanogpt"}
     args.out = args.out or Path(f"bench/results/{name[args.preset]}.json")
     if args.malloc == "tunables" and "GLIBC_TUNABLES" not in os.environ:
         os.environ["GLIBC_TUNABLES"] = GLIBC_TUNABLES  # read by glibc only at process start
         os.execv(sys.executable, [sys.executable, "-m", "training.bench",
                                   *(sys.argv[1:] if argv is None else argv)])
+    if args.preset == "nanogpt":  # every side runs in its own process, malloc set per side
+        from training.bench.nanogpt import run_side_by_side
+
+        run_side_by_side(args.rounds, args.nano_steps, args.warmup, args.out)
+        return 0
     if args.threads:  # at 1 thread no parallel region waits on a preempted straggler
         torch.set_num_threads(args.threads)
     if args.preset == "levers":
