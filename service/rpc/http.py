@@ -46,6 +46,7 @@ from service.rpc.frame import Call, Frame, Refused
 from service.rpc.http_tensors import EXTENSIONS, parse_infer, plan_response
 from service.rpc.http_wire import (
     HEADER_LENGTH,
+    BodyTimeout,
     deadline,
     error_response,
     header_length,
@@ -108,7 +109,9 @@ class HttpFront:
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None,
                     reuse_port: bool = False) -> int:
         """Listen on the running loop; returns the bound port (``port`` 0 picks one)."""
-        self._server = web.Server(self._dispatch, access_log=None)
+        # lingering_time=0: aiohttp would otherwise read and discard up to 10 s of a body
+        # the answer did not need (after a 413, 401 or 429): the connection is closed.
+        self._server = web.Server(self._dispatch, access_log=None, lingering_time=0)
         self._listener = await asyncio.get_running_loop().create_server(
             self._server, host, port, ssl=ssl_context, reuse_port=reuse_port or None)
         self.port = int(self._listener.sockets[0].getsockname()[1])
@@ -126,6 +129,14 @@ class HttpFront:
     # -- dispatch: every /v2 route inside the frame ----------------------------------------
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        response = await self._answer(request)
+        if not request.content.is_eof():
+            # Answered before its body was read (refused on its size, credentials or the
+            # in-flight cap): the rest is never read. Closing is what makes it cost nothing.
+            response.force_close()
+        return response
+
+    async def _answer(self, request: web.BaseRequest) -> web.StreamResponse:
         start_ns = time.perf_counter_ns()
         path = request.path
         if not path.startswith("/v2"):
@@ -170,8 +181,9 @@ class HttpFront:
                 status = http_status_for(r.code, r.__cause__)
                 extra = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                 response = error_response(status, r.message, extra)
-                if status == 413:
-                    response.force_close()  # the unread body must not be taken as a request
+                if isinstance(r.__cause__, BodyTimeout):
+                    response = error_response(408, r.message)
+                    response.force_close()  # what is left of the body is never read
                 return response
             end_with(grpc.StatusCode.OK.value[0], "")
             return response
@@ -241,12 +253,12 @@ class HttpFront:
                                call: Call) -> web.StreamResponse:
         """Every version on disk (Triton's repository extension): READY, UNAVAILABLE or
         AVAILABLE; ``{"ready": true}`` in the body lists the served ones only."""
-        body = await read_body(request, self.max_body)
+        body = await read_body(request, self.max_body, call.deadline)
         only_ready = False
         if body.strip():
             try:
                 only_ready = json.loads(body).get("ready", False) is True
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 raise InvalidArgument("repository index body must be a JSON object") from None
         rows = [{"name": n, "version": str(v), "state": s, "reason": r}
                 for n, v, s, r in self.engine.repo.index() if not only_ready or s == "READY"]
@@ -257,7 +269,7 @@ class HttpFront:
     async def infer(self, request: web.BaseRequest, params: dict[str, str],
                     call: Call) -> web.StreamResponse:
         """Token ids or text in, [B, T, C] input embeddings out (binary or JSON)."""
-        body = await read_body(request, self.max_body)
+        body = await read_body(request, self.max_body, call.deadline)
         infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
         admission = await self.engine.admit(infer.options, infer.inputs)
@@ -279,7 +291,7 @@ class HttpFront:
                        call: Call) -> web.StreamResponse:
         """The page's helper: an infer request's sequences as admission reads them (ids
         after truncation, each token's text, each row's untrained flag); no lookup."""
-        body = await read_body(request, self.max_body)
+        body = await read_body(request, self.max_body, call.deadline)
         infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
         admission = await self.engine.admit(infer.options, infer.inputs)

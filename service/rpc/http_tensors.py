@@ -113,6 +113,9 @@ def _json_object(data: bytes | memoryview) -> dict[str, Any]:
         value = json.loads(bytes(data))
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidArgument(f"request body is not valid JSON: {e}") from None
+    except RecursionError:  # the parser's own guard, raised at the interpreter's limit
+        raise InvalidArgument("request body is not valid JSON: nested deeper than the "
+                              "parser allows") from None
     if not isinstance(value, dict):
         raise InvalidArgument("request body must be a JSON object")
     return value
@@ -213,13 +216,22 @@ def _raw(tensor: _Tensor, data: Any) -> bytes:
 
 
 def _flat(data: Any) -> list[Any]:
+    """Nested lists in row-major order, walked with a stack, not recursion: a body may
+    nest as deep as the JSON parser allows."""
     if not isinstance(data, list):
         raise InvalidArgument("tensor 'data' must be a JSON list")
     if not any(isinstance(v, list) for v in data):
         return data
     out: list[Any] = []
-    for v in data:
-        out.extend(_flat(v) if isinstance(v, list) else [v])
+    stack = [iter(data)]
+    while stack:
+        for v in stack[-1]:
+            if isinstance(v, list):
+                stack.append(iter(v))
+                break
+            out.append(v)
+        else:
+            stack.pop()
     return out
 
 
