@@ -43,18 +43,21 @@ from service import tracing
 from service.engine.engine import Engine, RowSlice
 from service.errors import EmbedError, InvalidArgument, http_status_for
 from service.rpc.frame import Call, Frame, Refused
-from service.rpc.http_tensors import EXTENSIONS, parse_infer, plan_response
+from service.rpc.http_tensors import EXTENSIONS, answer_bound, parse_infer, plan_response
 from service.rpc.http_wire import (
     HEADER_LENGTH,
     BodyTimeout,
+    BufferAnswer,
     deadline,
     error_response,
     header_length,
     json_response,
     page_files,
     read_body,
+    send,
 )
 from service.rpc.oip_tensors import model_version
+from service.rpc.pacing import StreamBudgets
 
 __all__ = ["HttpFront"]
 
@@ -78,11 +81,16 @@ class HttpFront:
     """The ``/v2`` REST endpoints and the page, on the engine every front holds."""
 
     def __init__(self, engine: Engine, frame: Frame, traces: tracing.Tracing | None = None,
-                 ui: bool = True, max_inflight: int = 0) -> None:
+                 ui: bool = True, max_inflight: int = 0,
+                 budgets: StreamBudgets | None = None) -> None:
         self.engine = engine
         # --max-concurrent-rpcs for HTTP: aiohttp has no core-level cap as gRPC has, so the
         # refusal happens here, before the body is read or anything is admitted (0 = none).
+        # A request holds its slot until the last byte of its answer has left.
         self.max_inflight = max_inflight
+        # The unsent-answer budget every gRPC stream shares (--max-unsent-bytes): a REST
+        # answer's bytes count in it from before its output is allocated until sent.
+        self.budgets = budgets if budgets is not None else StreamBudgets(0)
         self._inflight = 0
         self.frame = frame
         self.tracing = traces
@@ -129,25 +137,39 @@ class HttpFront:
     # -- dispatch: every /v2 route inside the frame ----------------------------------------
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
-        response = await self._answer(request)
-        if not request.content.is_eof():
-            # Answered before its body was read (refused on its size, credentials or the
-            # in-flight cap): the rest is never read. Closing is what makes it cost nothing.
-            response.force_close()
-        return response
+        counted = False
+        response: web.StreamResponse | None = None
+        try:
+            response, counted = await self._answer(request)
+            if not request.content.is_eof():
+                # Answered before its body was read (refused on its size, credentials or
+                # the in-flight cap): the rest is never read; closing makes it cost nothing.
+                response.force_close()
+            # Sent here, inside the request's in-flight slot: an answer its client does
+            # not read keeps the slot (and its bytes) until its last byte has left.
+            await send(request, response)
+            return response
+        finally:
+            if counted:
+                self._inflight -= 1
+            if isinstance(response, BufferAnswer):
+                response.release()
 
-    async def _answer(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _answer(self, request: web.BaseRequest) -> tuple[web.StreamResponse, bool]:
+        """The response (not yet sent) and whether it holds an in-flight slot."""
         start_ns = time.perf_counter_ns()
         path = request.path
         if not path.startswith("/v2"):
-            return self._static(request)
+            return self._static(request), False
         route, params = self._match(request.method, path)
         if route is None:
             allowed = [r.method for r in self.routes if r.pattern.fullmatch(path)]
             if allowed:
-                return error_response(405, f"{request.method} {path}: use {', '.join(allowed)}",
-                              {"Allow": ", ".join(allowed)})
-            return error_response(404, f"no endpoint {path}; see GET /v2 and /v2/models/<model>")
+                return error_response(405, f"{request.method} {path}: use "
+                                           f"{', '.join(allowed)}",
+                                      {"Allow": ", ".join(allowed)}), False
+            return error_response(404, f"no endpoint {path}; see GET /v2 and "
+                                       f"/v2/models/<model>"), False
         headers = request.headers
         call = Call(f"http/{route.rpc}", params.get("model") or "", headers.get("x-request-id", ""),
                     headers.get("Authorization", ""), None, start_ns)
@@ -160,12 +182,14 @@ class HttpFront:
                       "rpc.system": "http", "rpc.method": route.rpc}
         if self.max_inflight and self._inflight >= self.max_inflight:
             return error_response(429, f"{self._inflight} HTTP requests in flight: "
-                                       f"max_concurrent_rpcs={self.max_inflight}; retry later")
+                                       f"max_concurrent_rpcs={self.max_inflight}; retry "
+                                       f"later"), False
         self._inflight += 1
         try:
-            return await self._framed(route, call, body, attributes, request, headers)
-        finally:
+            return await self._framed(route, call, body, attributes, request, headers), True
+        except BaseException:
             self._inflight -= 1
+            raise
 
     async def _framed(self, route: Route, call: Call,
                       body: Callable[[], Awaitable[web.StreamResponse]],
@@ -273,19 +297,26 @@ class HttpFront:
         infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
         admission = await self.engine.admit(infer.options, infer.inputs)
-        plan = plan_response(infer, admission)
-        writer = plan.writer
-        B, T, C = plan.shape
-        dest: Any = writer if writer is not None else RowSlice(plan.rows.view(B * T, C))
-        result = await self.engine.run_padded(admission, plan.rows, dest, call.start_ns,
-                                              call.deadline, infer.request_id)
-        if writer is not None:
-            return web.Response(body=result, content_type=_BINARY,
-                                headers={HEADER_LENGTH: str(plan.header_length)})
-        data, split = plan.json_body()
-        if split is None:
-            return web.Response(body=data, content_type=_JSON)
-        return web.Response(body=data, content_type=_BINARY, headers={HEADER_LENGTH: str(split)})
+        # The answer's bytes are held before its output is allocated (429 past
+        # --max-unsent-bytes) and given back once its last byte has left.
+        held = self.budgets.hold(answer_bound(infer, admission))
+        try:
+            plan = plan_response(infer, admission)
+            writer = plan.writer
+            B, T, C = plan.shape
+            dest: Any = writer if writer is not None else RowSlice(plan.rows.view(B * T, C))
+            result = await self.engine.run_padded(admission, plan.rows, dest, call.start_ns,
+                                                  call.deadline, infer.request_id)
+            if writer is not None:
+                return BufferAnswer(result, _BINARY, {HEADER_LENGTH: str(plan.header_length)},
+                                    held, self.budgets)
+            data, split = plan.json_body()
+            if split is None:
+                return BufferAnswer(data, _JSON, None, held, self.budgets)
+            return BufferAnswer(data, _BINARY, {HEADER_LENGTH: str(split)}, held, self.budgets)
+        except BaseException:
+            self.budgets.give_back(held)
+            raise
 
     async def tokenize(self, request: web.BaseRequest, params: dict[str, str],
                        call: Call) -> web.StreamResponse:

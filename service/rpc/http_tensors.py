@@ -40,7 +40,8 @@ from service.rpc.oip_tensors import (
     read_tensor,
 )
 
-__all__ = ["EXTENSIONS", "InferRequest", "ResponsePlan", "parse_infer", "plan_response"]
+__all__ = ["EXTENSIONS", "InferRequest", "ResponsePlan", "answer_bound", "parse_infer",
+           "plan_response"]
 
 EXTENSIONS = ["parameters", "binary_tensor_data"]  # what GET /v2 advertises
 _TRANSPORT = ("binary_data_output",)  # request parameters of the REST form only
@@ -300,6 +301,18 @@ class ResponsePlan:
         if self.binary.get("sequence_lengths"):
             return head + self._lengths_raw, len(head)
         return head, None
+
+
+def answer_bound(infer: InferRequest, admission: Admission) -> int:
+    """An upper bound of the answer's bytes, known at admission (before any output is
+    allocated): the rows as binary, or as JSON numbers (at most 24 characters and a
+    comma each), the sequence lengths, and the JSON header (its id escaped)."""
+    lengths = admission.lengths
+    values = len(lengths) * max(lengths) * (getattr(admission, "dim", None)
+                                           or admission.model.tables.dim)
+    itemsize = BY_WIRE[admission.options.dtype].itemsize
+    rows = values * itemsize if dict(infer.outputs)["embeddings"] else values * 25
+    return rows + 24 * len(lengths) * 2 + 4096 + 6 * len(infer.request_id)
 
 
 def plan_response(infer: InferRequest, admission: Admission) -> ResponsePlan:

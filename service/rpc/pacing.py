@@ -14,11 +14,19 @@ Reservations are granted in request order, so a later answer never holds budget 
 earlier one needs (answers are sent in order); a stream holding nothing may always take
 one answer, however large (it fits the message-size cap), so no stream waits on another
 stream's slow reader for ever.
+
+A REST answer is held the same way, as a stream of one (``StreamBudgets.hold``): an
+HTTP/1.1 connection sends one answer at a time, so it never holds more than the one
+answer a stream may always take, and its bytes count in the total every stream shares
+until its last byte is handed to the socket. Past the total it is refused (429 naming
+``max_unsent_bytes``) rather than queued: a REST request has no window to stop reading.
 """
 
 from __future__ import annotations
 
 import asyncio
+
+from service.errors import ResourceExhausted
 
 __all__ = ["StreamBudgets", "StreamPacer"]
 
@@ -43,6 +51,23 @@ class StreamBudgets:
         if self._changed is not None:
             self._changed.set()
             self._changed = None  # the next waiter gets a fresh event
+
+    def hold(self, nbytes: int) -> int:
+        """Hold a whole REST answer's ``nbytes`` until ``give_back``; refused
+        (RESOURCE_EXHAUSTED) when it would pass ``total`` while others hold bytes (alone,
+        any answer that fits the message-size cap goes through, as on a stream)."""
+        if self.total and self.held and self.held + nbytes > self.total:
+            raise ResourceExhausted(
+                f"answers not yet taken by their clients hold {self.held} bytes; this "
+                f"one's {nbytes} would pass max_unsent_bytes={self.total}; retry later")
+        self.held += nbytes
+        return nbytes
+
+    def give_back(self, nbytes: int) -> None:
+        """A held REST answer was sent (or never will be): its bytes are free again."""
+        if nbytes:
+            self.held -= nbytes
+            self.notify()
 
     def pacer(self) -> StreamPacer:
         """The pacer of one new stream."""
