@@ -18,7 +18,7 @@ asking for them in JSON is refused before any work, as Triton refuses it.
 from __future__ import annotations
 
 import json
-import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,11 +51,37 @@ _ID_DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dt
 
 @dataclass(frozen=True)
 class _Tensor:
-    """An input tensor's header, in the shape ``oip_tensors.read_tensor`` reads."""
+    """An input tensor's header, in the shape ``oip_tensors.read_tensor`` reads (with
+    ``contents`` when its data are JSON strings, read as the gRPC form's typed ones)."""
 
     name: str
     datatype: str
     shape: list[int]
+    contents: Any = None
+
+
+class _JsonTexts:
+    """A BYTES tensor's JSON strings as ``contents.bytes_contents``: ``len`` is the data's
+    top-level count (B in every layout of a ``[B]`` or ``[B, 1]`` tensor), known without
+    visiting a string, so the declared shape and ``max_inputs_per_request`` are checked
+    first, as on gRPC; each string is encoded only when admission builds the inputs."""
+
+    def __init__(self, name: str, data: list[Any]) -> None:
+        self.name = name
+        self.data = data
+
+    @property
+    def bytes_contents(self) -> _JsonTexts:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __iter__(self) -> Iterator[bytes]:
+        for s in _flat(self.data):
+            if not isinstance(s, str):
+                raise InvalidArgument(f"input {self.name!r}: BYTES data must be strings")
+            yield s.encode("utf-8", "surrogatepass")  # a lone surrogate: refused as UTF-8
 
 
 @dataclass
@@ -182,20 +208,20 @@ def _inputs(raw: Any, binary: memoryview, start_position: int) -> Inputs:
     if "data" not in t:
         raise InvalidArgument(f"input {name!r} has no 'data' (or parameters "
                               f"'binary_data_size')")
-    return read_tensor(tensor, _raw(tensor, t["data"]), start_position)
+    data = t["data"]
+    if dt == "BYTES" and name == "text":
+        if not isinstance(data, list):
+            raise InvalidArgument("tensor 'data' must be a JSON list")
+        return read_tensor(_Tensor(name, dt, shape, _JsonTexts(name, data)), None,
+                           start_position)
+    return read_tensor(tensor, _raw(tensor, data), start_position)
 
 
 def _raw(tensor: _Tensor, data: Any) -> bytes:
     """JSON ``data`` (flat or nested, row-major) as the tensor's binary form, so one reader
     checks both (shape against element count, id range, UTF-8)."""
-    if tensor.datatype == "BYTES":
-        items = _flat(data)
-        if not all(isinstance(s, str) for s in items):
-            raise InvalidArgument(f"input {tensor.name!r}: BYTES data must be strings")
-        encoded = [s.encode("utf-8", "surrogatepass") for s in items]
-        return b"".join(struct.pack("<I", len(e)) + e for e in encoded)
     dt = _ID_DTYPES.get(tensor.datatype)
-    if dt is None:  # the reader names the expected datatypes
+    if dt is None:  # the reader names the expected input names and datatypes, unwalked
         return b""
     if not isinstance(data, list):
         raise InvalidArgument("tensor 'data' must be a JSON list")
@@ -221,7 +247,7 @@ def _flat(data: Any) -> list[Any]:
     nest as deep as the JSON parser allows."""
     if not isinstance(data, list):
         raise InvalidArgument("tensor 'data' must be a JSON list")
-    if not any(isinstance(v, list) for v in data):
+    if list not in map(type, data):  # in C: a flat list is the common case
         return data
     out: list[Any] = []
     stack = [iter(data)]
