@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import ssl
 import time
@@ -48,6 +49,7 @@ from service.rpc.http_wire import (
     HEADER_LENGTH,
     BodyTimeout,
     BufferAnswer,
+    WireLog,
     deadline,
     error_response,
     header_length,
@@ -59,11 +61,12 @@ from service.rpc.http_wire import (
 from service.rpc.oip_tensors import model_version
 from service.rpc.pacing import StreamBudgets
 
-__all__ = ["HttpFront"]
+__all__ = ["LINGER_SECONDS", "HttpFront"]
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+LINGER_SECONDS = 0.5  # a refused connection, half-closed and never read, before its close
 Handler = Callable[[web.BaseRequest, dict[str, str], Call], Awaitable[web.StreamResponse]]
 
 
@@ -75,6 +78,26 @@ class Route:
     pattern: re.Pattern[str]
     rpc: str
     handler: Handler
+
+
+def _half_close(request: web.BaseRequest) -> bool:
+    """Stop reading and send FIN after the answer; False when the transport cannot."""
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        return False
+    transport.pause_reading()
+    if not transport.can_write_eof():  # TLS: no half-close; the close follows at once
+        return False
+    transport.write_eof()
+    return True
+
+
+async def _linger(request: web.BaseRequest) -> None:
+    """Keep a refused connection open ``LINGER_SECONDS`` without reading from it: its
+    answer and FIN reach a client that is still sending before the close resets it
+    (closing over unread bytes sends RST, which discards what the client had not read)."""
+    if _half_close(request):
+        await asyncio.sleep(LINGER_SECONDS)
 
 
 class HttpFront:
@@ -119,7 +142,8 @@ class HttpFront:
         """Listen on the running loop; returns the bound port (``port`` 0 picks one)."""
         # lingering_time=0: aiohttp would otherwise read and discard up to 10 s of a body
         # the answer did not need (after a 413, 401 or 429): the connection is closed.
-        self._server = web.Server(self._dispatch, access_log=None, lingering_time=0)
+        self._server = web.Server(self._dispatch, access_log=None, lingering_time=0,
+                                  logger=WireLog(logging.getLogger("service.http"), {}))
         self._listener = await asyncio.get_running_loop().create_server(
             self._server, host, port, ssl=ssl_context, reuse_port=reuse_port or None)
         self.port = int(self._listener.sockets[0].getsockname()[1])
@@ -141,19 +165,22 @@ class HttpFront:
         response: web.StreamResponse | None = None
         try:
             response, counted = await self._answer(request)
-            if not request.content.is_eof():
+            unread = not request.content.is_eof()
+            if unread:
                 # Answered before its body was read (refused on its size, credentials or
                 # the in-flight cap): the rest is never read; closing makes it cost nothing.
                 response.force_close()
             # Sent here, inside the request's in-flight slot: an answer its client does
             # not read keeps the slot (and its bytes) until its last byte has left.
             await send(request, response)
-            return response
         finally:
             if counted:
                 self._inflight -= 1
             if isinstance(response, BufferAnswer):
                 response.release()
+        if unread:
+            await _linger(request)
+        return response
 
     async def _answer(self, request: web.BaseRequest) -> tuple[web.StreamResponse, bool]:
         """The response (not yet sent) and whether it holds an in-flight slot."""

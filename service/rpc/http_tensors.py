@@ -150,7 +150,7 @@ def _json_object(data: bytes | memoryview) -> dict[str, Any]:
 
 def _outputs(raw: Any, binary_default: bool) -> tuple[list[tuple[str, bool]], Any]:
     """(name, binary) per output in response order, and the embeddings' own datatype."""
-    if raw is None:
+    if raw is None or raw == []:  # none named = all, as on gRPC
         return [(name, binary_default) for name in _DEFAULT_ORDER], None
     if not isinstance(raw, list) or not all(isinstance(o, dict) for o in raw):
         raise InvalidArgument("outputs must be a list of objects with a 'name'")

@@ -5,20 +5,36 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import ssl
+import sys
 import time
 from importlib import resources
 from typing import Any
 
 import grpc
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from service.errors import DeadlineExceeded, EmbedError, InvalidArgument, RequestTooLarge, quote
 
-__all__ = ["BODY_SECONDS", "HEADER_LENGTH", "BodyTimeout", "BufferAnswer", "ClientGone", "deadline",
-           "error_response", "header_length", "json_response", "page_files", "read_body", "send",
-           "server_ssl_context"]
+__all__ = [
+    "BODY_SECONDS",
+    "HEADER_LENGTH",
+    "BodyTimeout",
+    "BufferAnswer",
+    "ClientGone",
+    "WireLog",
+    "deadline",
+    "error_response",
+    "header_length",
+    "json_response",
+    "page_files",
+    "read_body",
+    "send",
+    "server_ssl_context",
+]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _JSON = "application/json"
@@ -37,6 +53,21 @@ class ClientGone(EmbedError):
     """The connection closed mid-body: counted as CANCELLED (499), answered to nobody."""
 
     code = grpc.StatusCode.CANCELLED
+
+
+class WireLog(logging.LoggerAdapter):
+    """aiohttp's server log. A request its parser refuses (a bad request line, header or
+    chunk: aiohttp answers the 4xx itself) is one warning line, the client's bytes quoted,
+    without a traceback; anything else aiohttp reports keeps its traceback (a bug)."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            self.logger.warning("%s: %d %s", str(msg) % args, exc.code,
+                                quote(exc.message, 200))
+            return
+        self.logger.error(msg, *args, exc_info=exc_info, **kwargs)
 
 
 def server_ssl_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:

@@ -206,3 +206,18 @@ def test_raw_header_bytes_are_never_a_500(guarded: ServerHandle, no_tracebacks: 
             answer = s.recv(65536)
         code = int(answer.split(b" ", 2)[1])
         assert 200 <= code < 500, (extra, answer)
+
+
+def test_a_client_still_sending_reads_its_refusal(guarded: ServerHandle) -> None:
+    """The refused connection is half-closed and left unread for ``LINGER_SECONDS``
+    before its close: a client that sends its whole (moderate) body before reading still
+    finds the 413 (closing at once over unread bytes resets the connection, and the
+    reset discards the answer on the client's side)."""
+    with head(guarded.http_port, b"Authorization: Bearer %s\r\nContent-Length: 1073741824"
+              b"\r\n" % TOKEN.encode()) as s:
+        time.sleep(0.1)  # refused from its headers by now
+        s.sendall(b"x" * MIB)
+        answer = s.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer
+    assert answer.endswith(b'{"error": "request body is 1073741824 bytes; max_message_bytes '
+                           b'is 67108864"}'), answer
