@@ -11,10 +11,11 @@ on a new connection, up to ``_MAX_TRIES`` times: infer is idempotent.
 
 ``RestSlowReader``: stretches on the wide model like the gRPC slow readers: one
 connection with a 4 KiB receive buffer sends one request of ``--rest-slow-batch`` x T ids
-(a multi-MiB answer), reads **nothing** for ``--slow-hold`` seconds, then reads the answer
-and checks every row. The server holds the answer (and its in-flight slot, and its bytes in
-``--max-unsent-bytes``) until its last byte has left; the stretches go into the slow
-readers' tally, so their RSS is measured with theirs.
+(8 MiB at the defaults: more than loopback buffers take), reads **nothing** for
+``--slow-hold`` seconds, then reads the answer and checks every row. The server holds the
+answer (and its in-flight slot, and its bytes in ``--max-unsent-bytes``) until its last
+byte has left; the stretches go into the slow readers' tally, so their RSS is measured
+with theirs.
 """
 
 from __future__ import annotations

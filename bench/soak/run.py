@@ -87,7 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="clients sending OIP REST infer on the HTTP port; 0 = none")
     p.add_argument("--rest-slow-readers", type=int, default=1,
                    help="REST clients holding one large answer unread per stretch; 0 = none")
-    p.add_argument("--rest-slow-batch", type=int, default=4,
+    p.add_argument("--rest-slow-batch", type=int, default=8,
                    help="B of their requests (T = --slow-tokens on the wide model)")
     args = p.parse_args(argv)
     if args.kill_at and args.workers < 2:

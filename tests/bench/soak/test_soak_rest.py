@@ -20,7 +20,8 @@ from bench.soak.traffic import Tally
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from tests.tiny_model import start
 
-L, T, C, B = 32, 256, 64, 8  # the wide model's answers: B x T x C x 4 = 512 KiB
+L, T, C, B = 32, 256, 64, 128  # the wide model's answers: B x T x C x 4 = 8 MiB, past what
+# loopback buffers take (the answer is held by the server, not by the kernel)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def rest_soak(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     Publisher(root, oracle, dim=8, max_seq_len=L).publish()
     wide = Oracle(T, tokenizer.encode, WIDE_MODEL)
     Publisher(root, wide, C, T, WIDE_MODEL, WIDE_VOCAB, tokenizer=False).publish()
-    handle = start(root / "models", default_model="soak")
+    handle = start(root / "models", default_model="soak", max_tokens_per_request=B * T)
     yield handle, oracle, wide, tokenizer
     handle.stop()
 
