@@ -11,8 +11,8 @@ only the page's static files (they hold no data; the page's own calls carry the 
 Why aiohttp's low-level server (``aiohttp.web.Server``): it runs on the asyncio loop the
 gRPC server already uses (so a request is admitted and batched on the loop that batches
 gRPC requests, with no thread hop), parses with llhttp in C, sends the ``bytes`` body the
-lookup wrote in place (joined to the headers first: one copy, on Python < 3.12.9), and
-takes an ``ssl.SSLContext`` for TLS/mTLS. No ``web.Application``: the route table here is
+lookup wrote in place (after the headers, never joined to them: ``http_wire.BufferAnswer``),
+and takes an ``ssl.SSLContext`` for TLS/mTLS. No ``web.Application``: the route table here is
 eight patterns, and its router, middleware chain and signals would be work per request
 for nothing. uvicorn (httptools) would need an ASGI layer and its own server lifecycle
 beside gRPC's; measured figures against a ceiling and a lookup floor on this same library
@@ -21,7 +21,10 @@ are in ``bench/http.py``.
 Deadline: the ``grpc-timeout`` header, in gRPC's own syntax (``200m`` = 200 ms; units
 H M S m u n), as grpc-gateway reads it from HTTP requests. Request bodies larger than
 ``--max-message-bytes`` are refused with 413 from their ``Content-Length`` before a byte
-is read (a chunked body is read only up to the limit).
+is read (a chunked body is read only up to the limit). A request answered before its body
+was read is closed without reading the rest (``_dispatch``). An answer is sent inside the
+request's in-flight slot, its bytes held in the unsent-answer budget, until its last byte
+has left (docs/security.md, "The REST front").
 """
 
 from __future__ import annotations
