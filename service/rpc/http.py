@@ -11,7 +11,7 @@ only the page's static files (they hold no data; the page's own calls carry the 
 Why aiohttp's low-level server (``aiohttp.web.Server``): it runs on the asyncio loop the
 gRPC server already uses (so a request is admitted and batched on the loop that batches
 gRPC requests, with no thread hop), parses with llhttp in C, sends the ``bytes`` body the
-lookup wrote in place (after the headers, never joined to them: ``http_wire.BufferAnswer``),
+lookup wrote in place (after the headers, never joined to them: ``http_send.BufferAnswer``),
 and takes an ``ssl.SSLContext`` for TLS/mTLS. No ``web.Application``: the route table here is
 eight patterns, and its router, middleware chain and signals would be work per request
 for nothing. uvicorn (httptools) would need an ASGI layer and its own server lifecycle
@@ -47,11 +47,11 @@ from service import tracing
 from service.engine.engine import Engine, RowSlice
 from service.errors import EmbedError, InvalidArgument, http_status_for
 from service.rpc.frame import Call, Frame, Refused
+from service.rpc.http_send import BufferAnswer, linger, send
 from service.rpc.http_tensors import EXTENSIONS, answer_bound, parse_infer, plan_response
 from service.rpc.http_wire import (
     HEADER_LENGTH,
     BodyTimeout,
-    BufferAnswer,
     WireLog,
     deadline,
     error_response,
@@ -59,17 +59,15 @@ from service.rpc.http_wire import (
     json_response,
     page_files,
     read_body,
-    send,
 )
 from service.rpc.oip_tensors import model_version
 from service.rpc.pacing import StreamBudgets
 
-__all__ = ["LINGER_SECONDS", "HttpFront"]
+__all__ = ["HttpFront"]
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
-LINGER_SECONDS = 0.5  # a refused connection, half-closed and never read, before its close
 Handler = Callable[[web.BaseRequest, dict[str, str], Call], Awaitable[web.StreamResponse]]
 
 
@@ -81,26 +79,6 @@ class Route:
     pattern: re.Pattern[str]
     rpc: str
     handler: Handler
-
-
-def _half_close(request: web.BaseRequest) -> bool:
-    """Stop reading and send FIN after the answer; False when the transport cannot."""
-    transport = request.transport
-    if transport is None or transport.is_closing():
-        return False
-    transport.pause_reading()
-    if not transport.can_write_eof():  # TLS: no half-close; the close follows at once
-        return False
-    transport.write_eof()
-    return True
-
-
-async def _linger(request: web.BaseRequest) -> None:
-    """Keep a refused connection open ``LINGER_SECONDS`` without reading from it: its
-    answer and FIN reach a client that is still sending before the close resets it
-    (closing over unread bytes sends RST, which discards what the client had not read)."""
-    if _half_close(request):
-        await asyncio.sleep(LINGER_SECONDS)
 
 
 class HttpFront:
@@ -182,7 +160,7 @@ class HttpFront:
             if isinstance(response, BufferAnswer):
                 response.release()
         if unread:
-            await _linger(request)
+            await linger(request)
         return response
 
     async def _answer(self, request: web.BaseRequest) -> tuple[web.StreamResponse, bool]:

@@ -23,7 +23,6 @@ __all__ = [
     "BODY_SECONDS",
     "HEADER_LENGTH",
     "BodyTimeout",
-    "BufferAnswer",
     "ClientGone",
     "WireLog",
     "deadline",
@@ -32,7 +31,6 @@ __all__ = [
     "json_response",
     "page_files",
     "read_body",
-    "send",
     "server_ssl_context",
 ]
 
@@ -143,57 +141,6 @@ def deadline(value: str | None) -> float | None:
         raise InvalidArgument(f"grpc-timeout={value!r} must be 1-8 digits and a unit "
                               f"(H, M, S, m, u, n), e.g. '250m'")
     return time.monotonic() + int(m.group(1)) * _TIMEOUT_UNITS[m.group(2)]
-
-
-class BufferAnswer(web.StreamResponse):
-    """A response whose body is one buffer: the headers are written first, then the
-    buffer itself in ``SLICE``-byte views, each handed to the transport once it has
-    drained below its high-water mark. aiohttp's ``web.Response`` joins headers and body
-    into a new buffer first (asyncio's ``writelines`` is not used before Python
-    3.12.9), and the transport copies whatever the socket does not take at once: here
-    nothing is joined, and what the transport copies is at most one slice.
-
-    ``held`` bytes of the server's unsent-answer budget are given back by ``release``
-    once the last slice has left (or the client is gone)."""
-
-    SLICE = 1 << 20
-
-    def __init__(self, body: bytes, content_type: str, headers: dict[str, str] | None = None,
-                 held: int = 0, budgets: Any = None) -> None:
-        super().__init__(headers=headers)
-        self.content_type = content_type
-        self.content_length = len(body)
-        self._payload = body
-        self._held = held
-        self._budgets = budgets
-
-    async def send(self, request: web.BaseRequest) -> None:
-        """Headers, then the buffer; returns once the transport holds at most its
-        high-water mark of it (a client that does not read keeps this waiting)."""
-        await self.prepare(request)
-        await self.write(b"")  # the headers alone
-        view = memoryview(self._payload)
-        self._payload = b""
-        for at in range(0, len(view), self.SLICE):
-            await self.write(view[at:at + self.SLICE])
-
-    def release(self) -> None:
-        """Give the held bytes back (once)."""
-        if self._held and self._budgets is not None:
-            self._budgets.give_back(self._held)
-        self._held = 0
-
-
-async def send(request: web.BaseRequest, response: web.StreamResponse) -> None:
-    """Write ``response`` whole, now: the caller holds its in-flight slot (and bytes)
-    until this returns. A client that went away is not an error: nobody to answer."""
-    try:
-        if isinstance(response, BufferAnswer):
-            await response.send(request)
-        await response.prepare(request)
-        await response.write_eof()
-    except ConnectionError:
-        pass
 
 
 def json_response(value: Any, status: int = 200) -> web.Response:
