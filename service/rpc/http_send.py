@@ -20,16 +20,18 @@ LINGER_SECONDS = 0.5  # a refused connection, half-closed and never read, before
 
 
 class BufferAnswer(web.StreamResponse):
-    """A response whose body is one buffer: the headers are written first, then the
-    buffer itself in ``SLICE``-byte views, each handed to the transport once it has
-    drained below its high-water mark. aiohttp's ``web.Response`` joins headers and body
-    into a new buffer first (asyncio's ``writelines`` is not used before Python
-    3.12.9), and the transport copies whatever the socket does not take at once: here
-    nothing is joined, and what the transport copies is at most one slice.
+    """A response whose body is one buffer: the headers are written with its first
+    ``HEAD`` bytes, then the rest of the buffer itself in ``SLICE``-byte views, each
+    handed to the transport once it has drained below its high-water mark. aiohttp's
+    ``web.Response`` joins headers and the whole body into a new buffer first (asyncio's
+    ``writelines`` is not used before Python 3.12.9), and the transport copies whatever
+    the socket does not take at once: here only the first ``HEAD`` bytes are joined, and
+    what the transport copies is at most one slice.
 
     ``held`` bytes of the server's unsent-answer budget are given back by ``release``
     once the last slice has left (or the client is gone)."""
 
+    HEAD = 1 << 16
     SLICE = 1 << 20
 
     def __init__(self, body: bytes, content_type: str, headers: dict[str, str] | None = None,
@@ -45,10 +47,12 @@ class BufferAnswer(web.StreamResponse):
         """Headers, then the buffer; returns once the transport holds at most its
         high-water mark of it (a client that does not read keeps this waiting)."""
         await self.prepare(request)
-        await self.write(b"")  # the headers alone
         view = memoryview(self._payload)
         self._payload = b""
-        for at in range(0, len(view), self.SLICE):
+        # The headers leave with the first HEAD bytes (aiohttp joins those two: a copy of
+        # at most HEAD bytes, and one packet, not a lone header packet), then the rest.
+        await self.write(view[:self.HEAD])
+        for at in range(self.HEAD, len(view), self.SLICE):
             await self.write(view[at:at + self.SLICE])
 
     def release(self) -> None:
