@@ -7,7 +7,8 @@ bit for bit by the oracle (rows, start position, truncated tokens, the version n
 ``checkpoint_id``), and a share of invalid ones (an id past the vocabulary: 400). Tallied
 in the soak's ``Tally`` under ``REST infer``: lost / corrupted count everyone's. A request
 whose connection broke (the worker kill) or that met a draining worker (503) is sent again
-on a new connection, up to ``_MAX_TRIES`` times: infer is idempotent.
+on a new connection, up to ``_MAX_TRIES`` times: infer is idempotent (the slow reader's
+too, counted as resumes, like a gRPC slow reader's resumed stream).
 
 ``RestSlowReader``: stretches on the wide model like the gRPC slow readers: one
 connection with a 4 KiB receive buffer sends one request of ``--rest-slow-batch`` x T ids
@@ -185,18 +186,16 @@ class RestSlowReader:
                                "requests": 1, "answered": 0, "resumes": 0}
         t.requests += 1
         status, data, split, why = 0, b"", 0, ""
-        try:
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                s.settimeout(_DEADLINE_S + self.hold_s)
-                s.connect(("127.0.0.1", self.port))
-                s.sendall(f"POST /v2/models/{WIDE_MODEL}/infer HTTP/1.1\r\nHost: x\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-                time.sleep(self.hold_s)  # not reading: the server holds the answer
-                rec["hold_end"] = time.monotonic() - t.t0
-                status, data, split = _read_reply(s)
-        except OSError as e:
-            why = str(e)
+        hold = self.hold_s
+        for _ in range(_MAX_TRIES):
+            try:
+                status, data, split = self._exchange(body, hold, rec)
+                break
+            except OSError as e:  # the worker kill broke the connection: send it again
+                why = str(e)
+                rec["resumes"] += 1
+                t.resumes += 1
+                hold = 0.0  # a resumed request reads at once
         if status == 200:
             t.answered += 1
             rec["answered"] = 1
@@ -211,6 +210,20 @@ class RestSlowReader:
         rec["end"] = time.monotonic() - t.t0
         t.stretches.append({k: round(v, 2) if isinstance(v, float) else v
                             for k, v in rec.items()})
+
+    def _exchange(self, body: bytes, hold: float, rec: dict[str, Any]
+                  ) -> tuple[int, bytes, int]:
+        """Send ``body`` on a new connection, read nothing for ``hold`` s, then the reply."""
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(_DEADLINE_S + hold)
+            s.connect(("127.0.0.1", self.port))
+            s.sendall(f"POST /v2/models/{WIDE_MODEL}/infer HTTP/1.1\r\nHost: x\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(hold)  # not reading: the server holds the answer
+            if hold:
+                rec["hold_end"] = time.monotonic() - self.tally.t0
+            return _read_reply(s)
 
 
 def _read_reply(s: socket.socket) -> tuple[int, bytes, int]:
