@@ -305,9 +305,9 @@ class HttpFront:
         infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
         admission = await self.engine.admit(infer.options, infer.inputs)
-        # The answer's bytes are held before its output is allocated (429 past
-        # --max-unsent-bytes) and given back once its last byte has left.
-        held = self.budgets.hold(answer_bound(infer, admission))
+        # The answer's bytes are held before its output is allocated (past
+        # --max-unsent-bytes: a second's wait, then 429) and given back once sent.
+        held = await self.budgets.hold(answer_bound(infer, admission))
         try:
             plan = plan_response(infer, admission)
             writer = plan.writer
