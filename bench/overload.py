@@ -15,7 +15,10 @@ beside the baseline's, the share refused, p50/p99 of the rejections (RESOURCE_EX
 measured at the client from call to status) against the target p99 < 5 ms, and the
 floor's p99. Latencies of the first ``--warmup`` seconds of a phase are not counted.
 Then the slow-reader row (``bench.slow_reader``, ``--slow-readers`` streams that never
-read their answers, beside ordinary clients): the server's RSS growth and their latency.
+read their answers, beside ordinary clients): the server's RSS growth and their latency;
+and its REST twin (``bench.slow_reader_http``, ``--rest-slow-readers`` connections that
+each ask for a B x T answer and never read it, on a server with ``--http-port``, the
+in-flight cap ``--rest-max-concurrent-rpcs`` and the budget ``--rest-max-unsent-mib``).
 Writes ``<out>/overload.json`` and prints a row per phase.
 """
 
@@ -37,10 +40,11 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.model import VOCAB_SIZE, ensure_model
+from bench.model import MODEL_NAME, VOCAB_SIZE, ensure_model
 from bench.servers import GLIBC_TUNABLES, ServerProcess, free_port, stop_servers, wait_serving
 from bench.slow_reader import format_row as format_slow_row
 from bench.slow_reader import run_slow_readers
+from bench.slow_reader_http import format_rest_row, infer_body, run_rest_slow_readers
 from bench.window import percentile
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
@@ -69,23 +73,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-readers", type=int, default=4,
                    help="streams that never read, in the slow-reader row (0: no row)")
     p.add_argument("--slow-tokens", type=int, default=1024, help="T of their requests")
+    p.add_argument("--rest-slow-readers", type=int, default=16,
+                   help="REST clients that never read, in the REST row (0: no row)")
+    p.add_argument("--rest-slow-batch", type=int, default=8,
+                   help="B of their requests (T = --slow-tokens): 8 MiB answers at C=256")
+    p.add_argument("--rest-max-concurrent-rpcs", type=int, default=8)
+    p.add_argument("--rest-max-unsent-mib", type=int, default=32)
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra flag for python -m service (repeatable)")
     return p.parse_args(argv)
 
 
-def _launch(args: argparse.Namespace, repo: Path, queue_tokens: int | None = None
-            ) -> ServerProcess:
+def _launch(args: argparse.Namespace, repo: Path, queue_tokens: int | None = None,
+            http_port: int = -1, extra: Sequence[str] = ()) -> ServerProcess:
     port = free_port()
     queue = args.max_queue_tokens if queue_tokens is None else queue_tokens
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
     batch = min(queue, 16384)  # the server needs batch <= queue budget
     argv = [sys.executable, "-m", "service", "--model-repository", str(repo / "models"),
-            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "-1",
+            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", str(http_port),
             "--metrics-port", "-1",
             "--device", "cpu", "--poll-seconds", "0", "--max-queue-tokens",
-            str(queue), "--max-batch-tokens", str(batch), *args.server_arg]
+            str(queue), "--max-batch-tokens", str(batch), *args.server_arg, *extra]
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "overload-server.log"
     with log.open("wb") as fh:
@@ -171,6 +181,7 @@ def run_overload(args: argparse.Namespace) -> dict[str, Any]:
                 requests, streams=args.slow_readers, concurrency=1, seconds=args.seconds))
         finally:
             stop_servers({"service": server})
+    rest = _rest_slow_readers(args, repo, rng) if args.rest_slow_readers else None
     for phase, floor in zip(overload, floors):
         phase["floor_p50_ms"] = floor["accepted_p50_ms"]
         phase["floor_p99_ms"] = floor["accepted_p99_ms"]
@@ -187,8 +198,37 @@ def run_overload(args: argparse.Namespace) -> dict[str, Any]:
     if slow is not None:
         slow["answer_mib"] = args.slow_tokens * args.dim * 4 / 2**20
         report["slow_reader"] = slow
+    if rest is not None:
+        report["rest_slow_reader"] = rest
     (args.out / "overload.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def _rest_slow_readers(args: argparse.Namespace, repo: Path,
+                       rng: random.Random) -> dict[str, Any]:
+    """The REST row: a server with the HTTP port, its cap and budget; the phase's figures
+    with the answer's size and the bound those flags set on what unread answers hold."""
+    http_port = free_port()
+    budget = args.rest_max_unsent_mib << 20
+    server = _launch(args, repo, queue_tokens=262144, http_port=http_port, extra=[
+        "--max-concurrent-rpcs", str(args.rest_max_concurrent_rpcs),
+        "--max-unsent-bytes", str(budget)])
+    B, T = args.rest_slow_batch, args.slow_tokens
+    slow_body = infer_body([[rng.randrange(VOCAB_SIZE) for _ in range(T)] for _ in range(B)])
+    normal = [infer_body([[rng.randrange(VOCAB_SIZE) for _ in range(args.tokens)]])
+              for _ in range(8)]
+    try:
+        wait_serving(server, 120)
+        phase = asyncio.run(run_rest_slow_readers(
+            http_port, server.proc.pid, MODEL_NAME, slow_body, normal,
+            clients=args.rest_slow_readers, seconds=args.seconds))
+    finally:
+        stop_servers({"service": server})
+    answer = B * T * args.dim * 4
+    held = min(args.rest_max_concurrent_rpcs, args.rest_slow_readers, max(1, budget // answer))
+    phase.update(answer_mib=answer / 2**20, bound_mib=held * answer / 2**20,
+                 max_concurrent_rpcs=args.rest_max_concurrent_rpcs, max_unsent_bytes=budget)
+    return phase
 
 
 def format_rows(report: dict[str, Any]) -> str:
@@ -210,6 +250,9 @@ def format_rows(report: dict[str, Any]) -> str:
             f"{'MET' if o['rejection_target_met'] else 'NOT MET'}")
     if "slow_reader" in report:
         lines.append(format_slow_row(report["slow_reader"], report["slow_reader"]["answer_mib"]))
+    if "rest_slow_reader" in report:
+        r = report["rest_slow_reader"]
+        lines.append(format_rest_row(r, r["answer_mib"], r["bound_mib"]))
     lines.append(f"(ms; baseline: 1 in flight, {b['accepted_req_s']:.0f} req/s; floor: health "
                  f"checks at the same c, no work behind them; load average {c['loadavg']} "
                  f"on {c['cpus']} CPUs)")

@@ -87,7 +87,7 @@ class EmbeddingServer:
         locked = bool(config.auth_token or config.auth_tokens)
         ui = config.ui if config.ui is not None else not locked
         self.http = (HttpFront(self.engine, self.frame, self.tracing, ui,
-                                config.max_concurrent_rpcs)
+                                config.max_concurrent_rpcs, budgets)
                      if config.http_port >= 0 else None)
         self.http_port = 0
         self.grpc_port = 0

@@ -76,7 +76,8 @@ def format_summary(report: Mapping[str, Any]) -> str:
         f"wrong code {t['wrong_code']}",
         f"codes: {t['codes']}",
         f"retries (channelz: attempts - calls) {t['retries']}; stream resumes "
-        f"{t['stream_resumes']}",
+        f"{t['stream_resumes']}; REST requests sent again on a new connection "
+        f"{t.get('rest_retries', 0)}",
         f"lost {t['lost']}, corrupted {t['corrupted']}",
         f"answers by version {t['versions']}",
         f"latency of valid answers: p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms; "
@@ -84,7 +85,7 @@ def format_summary(report: Mapping[str, Any]) -> str:
         f"server RSS: start {rss['start_mb']:.0f} MB, end {rss['end_mb']:.0f} MB, "
         f"min {rss['min_mb']:.0f}, max {rss['max_mb']:.0f} MB",
     ]
-    if report.get("slow_reader", {}).get("readers"):
+    if report.get("slow_reader", {}).get("stretches"):
         lines.append(format_slow(report["slow_reader"]))
     lines += [f"event t={ev['t']:.1f}s {ev['label']}" for ev in report["events"]]
     lines += [f"server: {line}" for line in report["server_log"]]
@@ -106,4 +107,5 @@ def format_slow(s: Mapping[str, Any]) -> str:
             f"holding: max {s['rss_max_mb'] or 0:.0f} MB, growth over {s['clean_stretches']} "
             f"clean stretches {growth} (bound {s['bound_mb']:.0f} MB: budget "
             f"{s['per_stream_budget_mib']:.0f} MiB/stream, {s['total_budget_mib']:.0f} MiB "
-            f"total; unpaced window {s['unpaced_mib']:.0f} MiB)")
+            f"total, + {s.get('rest_answers_mib', 0):.0f} MiB of REST answers held; unpaced "
+            f"window {s['unpaced_mib']:.0f} MiB)")

@@ -11,7 +11,10 @@ in (``--bad``), and one worker is SIGKILLed (``--kill-at``) for the parent to re
 The server polls the repository every ``--poll-seconds``. ``--slow-readers`` clients
 (bench/soak/slow.py) hold EmbedStreams of 1 MiB answers unread for long stretches beside
 them: their answers must still all arrive exact, and the server's RSS stay within what
-its stream budget allows.
+its stream budget allows. ``--rest-clients`` send the same kinds of requests as OIP REST
+infer on the server's HTTP port (bench/soak/rest.py), checked by the same oracle and
+tallied with everyone else's, and ``--rest-slow-readers`` hold one large REST answer
+unread per stretch beside the gRPC slow readers.
 
 Prints progress every ``--progress`` seconds, then the summary; writes
 ``<out>/soak.json``, ``<out>/soak.png`` (p50/p99 and server RSS over time) and the
@@ -44,6 +47,7 @@ from bench.soak import slow as slowly
 from bench.soak.oracle import Oracle
 from bench.soak.report import format_summary, latency_windows, plot_soak
 from bench.soak.requests import RequestMaker
+from bench.soak.rest import RestClient, RestSlowReader
 from bench.soak.server import ROOT, VOCAB_SIZE, Publisher, launch, tree_rss_mb, worker_pids
 from bench.soak.traffic import AttemptCounter, SoakClient, Tally
 from bench.window import percentile
@@ -79,6 +83,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra flag for python -m service (repeatable)")
     slowly.add_slow_args(p)
+    p.add_argument("--rest-clients", type=int, default=2,
+                   help="clients sending OIP REST infer on the HTTP port; 0 = none")
+    p.add_argument("--rest-slow-readers", type=int, default=1,
+                   help="REST clients holding one large answer unread per stretch; 0 = none")
+    p.add_argument("--rest-slow-batch", type=int, default=8,
+                   help="B of their requests (T = --slow-tokens on the wide model)")
     args = p.parse_args(argv)
     if args.kill_at and args.workers < 2:
         p.error("--kill-at needs --workers >= 2 (the parent restarts a killed worker)")
@@ -112,13 +122,20 @@ class _Run:
                       slowly.WIDE_MODEL, slowly.WIDE_VOCAB, tokenizer=False).publish()
         self.slow = slowly.SlowTally()
         self.port = free_port()
-        self.server = launch(root, self.port, args.workers, args.poll_seconds, args.server_arg)
+        rest = args.rest_clients or args.rest_slow_readers
+        self.http_port = free_port() if rest else -1
+        if args.rest_slow_readers and not args.slow_readers:
+            Publisher(root, self.wide_oracle, args.slow_dim, args.slow_tokens,
+                      slowly.WIDE_MODEL, slowly.WIDE_VOCAB, tokenizer=False).publish()
+        self.server = launch(root, self.port, args.workers, args.poll_seconds, args.server_arg,
+                             self.http_port)
         self.tally = Tally()
         self.events: list[dict[str, Any]] = []
         self.rss: list[dict[str, Any]] = []
         self.killed: int | None = None
         self.counter = AttemptCounter(self.server.target)
         self.serving_before = 0
+        self.rest_clients: list[RestClient] = []
 
     def log_count(self, text: str) -> int:
         return sum(text in line for line in self.server.log.read_text().splitlines())
@@ -186,9 +203,19 @@ async def _drive(run: _Run) -> None:
     readers = [slowly.SlowReader(i, target, RetryPolicy(), run.wide_oracle, run.slow, args,
                                  random.Random(args.seed * 31 + i))
                for i in range(args.slow_readers)]
+    rest_clients = [RestClient(i, run.http_port, run.oracle, RequestMaker(
+        random.Random(args.seed * 1000 + 500 + i), VOCAB_SIZE, args.max_seq_len, run.encode),
+        run.tally, args.invalid) for i in range(args.rest_clients)]
+    run.rest_clients = rest_clients
+    rest_readers = [RestSlowReader(i, run.http_port, run.wide_oracle, run.slow,
+                                   args.rest_slow_batch, args.slow_tokens, args.slow_hold,
+                                   random.Random(args.seed * 37 + i))
+                    for i in range(args.rest_slow_readers)]
     tasks = [asyncio.create_task(c.run(until, random.Random(args.seed * 7919 + i)))
              for i, c in enumerate(clients)]
     tasks += [asyncio.create_task(r.run(until)) for r in readers]
+    tasks += [asyncio.create_task(c.run(until)) for c in rest_clients]
+    tasks += [asyncio.create_task(r.run(until)) for r in rest_readers]
     pending = _schedule(args)
     next_progress = args.progress
     while not all(t.done() for t in tasks):
@@ -209,6 +236,8 @@ async def _drive(run: _Run) -> None:
         await c.close()
     for r in readers:
         await r.close()
+    for rc in rest_clients:
+        await rc.close()
 
 
 def _final_versions(target: str, n: int = 4) -> list[int]:
@@ -238,7 +267,8 @@ def _report(run: _Run, final: list[int], exit_code: int | None) -> dict[str, Any
     slow = slowly.slow_summary(
         run.slow, budgets.max_stream_buffer_bytes, budgets.max_unsent_bytes, args.slow_readers,
         args.slow_tokens * args.slow_dim * 4,
-        slowly.rss_during(run.slow.stretches, run.rss, run.events))
+        slowly.rss_during(run.slow.stretches, run.rss, run.events),
+        args.rest_slow_readers * args.rest_slow_batch * args.slow_tokens * args.slow_dim * 4)
     checks = {
         "lost": t.lost, "corrupted": t.corrupted, "wrong_code": t.wrong_code,
         "failed_valid": sum(t.failures.values()),
@@ -270,6 +300,7 @@ def _report(run: _Run, final: list[int], exit_code: int | None) -> dict[str, Any
                    "codes": codes, "calls": run.counter.calls,
                    "attempts": run.counter.attempts, "retries": run.counter.retries,
                    "stream_resumes": t.stream_resumes, "lost": t.lost,
+                   "rest_retries": sum(c.retries for c in run.rest_clients),
                    "corrupted": t.corrupted, "versions": dict(sorted(t.versions.items()))},
         "latency": {"p50_ms": percentile(lats, 0.5), "p99_ms": percentile(lats, 0.99),
                     "window_p99_min_ms": min(p99s, default=float("nan")),

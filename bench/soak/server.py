@@ -88,13 +88,14 @@ class Publisher:
 
 
 def launch(root: Path, port: int, workers: int, poll_seconds: float,
-           extra: list[str]) -> ServerProcess:
-    """``python -m service`` over ``root/models`` on ``port``; its log in ``root``."""
+           extra: list[str], http_port: int = -1) -> ServerProcess:
+    """``python -m service`` over ``root/models`` on ``port`` (and REST on ``http_port``,
+    -1: off); its log in ``root``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
     argv = [sys.executable, "-m", "service", "--model-repository", str(root / "models"),
             "--default-model", MODEL, "--host", "127.0.0.1", "--grpc-port", str(port),
-            "--http-port", "-1",
+            "--http-port", str(http_port),
             "--metrics-port", "-1", "--device", "cpu", "--workers", str(workers),
             "--poll-seconds", str(poll_seconds), *extra]
     log = root / "server.log"

@@ -221,13 +221,15 @@ def rss_during(stretches: Sequence[Mapping[str, Any]], rss: Sequence[Mapping[str
 
 
 def slow_summary(tally: SlowTally, per_stream: int, total: int, readers: int,
-                 answer_bytes: int, rss: list[dict[str, Any]]) -> dict[str, Any]:
+                 answer_bytes: int, rss: list[dict[str, Any]],
+                 rest_answers: int = 0) -> dict[str, Any]:
     """The slow readers' figures and the RSS bound: what their budget lets the server hold
     (per stream, capped by the total), one answer more, 8 MiB of transport buffers per
     stream (the client's HTTP/2 window) and 16 MiB of noise; without pacing a stream holds
-    its whole window of 64 answers."""
+    its whole window of 64 answers. ``rest_answers``: the bytes of the REST slow readers'
+    answers (one each: an HTTP/1.1 connection holds one answer, until sent)."""
     budget = min(readers * per_stream, total) if total else readers * per_stream
-    bound_mb = (budget + readers * (answer_bytes + (8 << 20))) / 2**20 + 16
+    bound_mb = (budget + readers * (answer_bytes + (8 << 20)) + rest_answers) / 2**20 + 16
     clean = [r for r in rss if r["clean"]]
     growth = max((r["growth_mb"] for r in clean), default=None)
     return {"readers": readers, "requests": tally.requests, "answered": tally.answered,
@@ -238,6 +240,6 @@ def slow_summary(tally: SlowTally, per_stream: int, total: int, readers: int,
             "unpaced_mib": readers * 64 * answer_bytes / 2**20,
             "rss_max_mb": max((r["peak_mb"] for r in rss), default=None),
             "clean_stretches": len(clean), "max_growth_mb": growth,
-            "bound_mb": round(bound_mb, 1),
+            "bound_mb": round(bound_mb, 1), "rest_answers_mib": rest_answers / 2**20,
             "within_bound": None if growth is None else growth <= bound_mb,
             "rss": rss, "detail": tally.stretches}

@@ -11,8 +11,8 @@ only the page's static files (they hold no data; the page's own calls carry the 
 Why aiohttp's low-level server (``aiohttp.web.Server``): it runs on the asyncio loop the
 gRPC server already uses (so a request is admitted and batched on the loop that batches
 gRPC requests, with no thread hop), parses with llhttp in C, sends the ``bytes`` body the
-lookup wrote in place (joined to the headers first: one copy, on Python < 3.12.9), and
-takes an ``ssl.SSLContext`` for TLS/mTLS. No ``web.Application``: the route table here is
+lookup wrote in place (after the headers, never joined to them: ``http_send.BufferAnswer``),
+and takes an ``ssl.SSLContext`` for TLS/mTLS. No ``web.Application``: the route table here is
 eight patterns, and its router, middleware chain and signals would be work per request
 for nothing. uvicorn (httptools) would need an ASGI layer and its own server lifecycle
 beside gRPC's; measured figures against a ceiling and a lookup floor on this same library
@@ -21,13 +21,17 @@ are in ``bench/http.py``.
 Deadline: the ``grpc-timeout`` header, in gRPC's own syntax (``200m`` = 200 ms; units
 H M S m u n), as grpc-gateway reads it from HTTP requests. Request bodies larger than
 ``--max-message-bytes`` are refused with 413 from their ``Content-Length`` before a byte
-is read (a chunked body is read only up to the limit).
+is read (a chunked body is read only up to the limit). A request answered before its body
+was read is closed without reading the rest (``_dispatch``). An answer is sent inside the
+request's in-flight slot, its bytes held in the unsent-answer budget, until its last byte
+has left (docs/security.md, "The REST front").
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import ssl
 import time
@@ -44,9 +48,12 @@ from service.engine.engine import Engine, RowSlice
 from service.errors import EmbedError, InvalidArgument, http_status_for
 from service.rpc.frame import Call, Frame, Refused
 from service.rpc.http_page import model_facts
-from service.rpc.http_tensors import EXTENSIONS, parse_infer, plan_response
+from service.rpc.http_send import BufferAnswer, linger, send
+from service.rpc.http_tensors import EXTENSIONS, answer_bound, parse_infer, plan_response
 from service.rpc.http_wire import (
     HEADER_LENGTH,
+    BodyTimeout,
+    WireLog,
     deadline,
     error_response,
     header_length,
@@ -55,6 +62,7 @@ from service.rpc.http_wire import (
     read_body,
 )
 from service.rpc.oip_tensors import model_version
+from service.rpc.pacing import StreamBudgets
 
 __all__ = ["HttpFront"]
 
@@ -78,11 +86,16 @@ class HttpFront:
     """The ``/v2`` REST endpoints and the page, on the engine every front holds."""
 
     def __init__(self, engine: Engine, frame: Frame, traces: tracing.Tracing | None = None,
-                 ui: bool = True, max_inflight: int = 0) -> None:
+                 ui: bool = True, max_inflight: int = 0,
+                 budgets: StreamBudgets | None = None) -> None:
         self.engine = engine
         # --max-concurrent-rpcs for HTTP: aiohttp has no core-level cap as gRPC has, so the
         # refusal happens here, before the body is read or anything is admitted (0 = none).
+        # A request holds its slot until the last byte of its answer has left.
         self.max_inflight = max_inflight
+        # The unsent-answer budget every gRPC stream shares (--max-unsent-bytes): a REST
+        # answer's bytes count in it from before its output is allocated until sent.
+        self.budgets = budgets if budgets is not None else StreamBudgets(0)
         self._inflight = 0
         self.frame = frame
         self.tracing = traces
@@ -109,7 +122,10 @@ class HttpFront:
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None,
                     reuse_port: bool = False) -> int:
         """Listen on the running loop; returns the bound port (``port`` 0 picks one)."""
-        self._server = web.Server(self._dispatch, access_log=None)
+        # lingering_time=0: aiohttp would otherwise read and discard up to 10 s of a body
+        # the answer did not need (after a 413, 401 or 429): the connection is closed.
+        self._server = web.Server(self._dispatch, access_log=None, lingering_time=0,
+                                  logger=WireLog(logging.getLogger("service.http"), {}))
         self._listener = await asyncio.get_running_loop().create_server(
             self._server, host, port, ssl=ssl_context, reuse_port=reuse_port or None)
         self.port = int(self._listener.sockets[0].getsockname()[1])
@@ -127,17 +143,42 @@ class HttpFront:
     # -- dispatch: every /v2 route inside the frame ----------------------------------------
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        counted = False
+        response: web.StreamResponse | None = None
+        try:
+            response, counted = await self._answer(request)
+            unread = not request.content.is_eof()
+            if unread:
+                # Answered before its body was read (refused on its size, credentials or
+                # the in-flight cap): the rest is never read; closing makes it cost nothing.
+                response.force_close()
+            # Sent here, inside the request's in-flight slot: an answer its client does
+            # not read keeps the slot (and its bytes) until its last byte has left.
+            await send(request, response)
+        finally:
+            if counted:
+                self._inflight -= 1
+            if isinstance(response, BufferAnswer):
+                response.release()
+        if unread:
+            await linger(request)
+        return response
+
+    async def _answer(self, request: web.BaseRequest) -> tuple[web.StreamResponse, bool]:
+        """The response (not yet sent) and whether it holds an in-flight slot."""
         start_ns = time.perf_counter_ns()
         path = request.path
         if not path.startswith("/v2"):
-            return self._static(request)
+            return self._static(request), False
         route, params = self._match(request.method, path)
         if route is None:
             allowed = [r.method for r in self.routes if r.pattern.fullmatch(path)]
             if allowed:
-                return error_response(405, f"{request.method} {path}: use {', '.join(allowed)}",
-                              {"Allow": ", ".join(allowed)})
-            return error_response(404, f"no endpoint {path}; see GET /v2 and /v2/models/<model>")
+                return error_response(405, f"{request.method} {path}: use "
+                                           f"{', '.join(allowed)}",
+                                      {"Allow": ", ".join(allowed)}), False
+            return error_response(404, f"no endpoint {path}; see GET /v2 and "
+                                       f"/v2/models/<model>"), False
         headers = request.headers
         call = Call(f"http/{route.rpc}", params.get("model") or "", headers.get("x-request-id", ""),
                     headers.get("Authorization", ""), None, start_ns)
@@ -150,12 +191,14 @@ class HttpFront:
                       "rpc.system": "http", "rpc.method": route.rpc}
         if self.max_inflight and self._inflight >= self.max_inflight:
             return error_response(429, f"{self._inflight} HTTP requests in flight: "
-                                       f"max_concurrent_rpcs={self.max_inflight}; retry later")
+                                       f"max_concurrent_rpcs={self.max_inflight}; retry "
+                                       f"later"), False
         self._inflight += 1
         try:
-            return await self._framed(route, call, body, attributes, request, headers)
-        finally:
+            return await self._framed(route, call, body, attributes, request, headers), True
+        except BaseException:
             self._inflight -= 1
+            raise
 
     async def _framed(self, route: Route, call: Call,
                       body: Callable[[], Awaitable[web.StreamResponse]],
@@ -171,8 +214,9 @@ class HttpFront:
                 status = http_status_for(r.code, r.__cause__)
                 extra = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                 response = error_response(status, r.message, extra)
-                if status == 413:
-                    response.force_close()  # the unread body must not be taken as a request
+                if isinstance(r.__cause__, BodyTimeout):
+                    response = error_response(408, r.message)
+                    response.force_close()  # what is left of the body is never read
                 return response
             end_with(grpc.StatusCode.OK.value[0], "")
             return response
@@ -242,12 +286,12 @@ class HttpFront:
                                call: Call) -> web.StreamResponse:
         """Every version on disk (Triton's repository extension): READY, UNAVAILABLE or
         AVAILABLE; ``{"ready": true}`` in the body lists the served ones only."""
-        body = await read_body(request, self.max_body)
+        body = await read_body(request, self.max_body, call.deadline)
         only_ready = False
         if body.strip():
             try:
                 only_ready = json.loads(body).get("ready", False) is True
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 raise InvalidArgument("repository index body must be a JSON object") from None
         rows = [{"name": n, "version": str(v), "state": s, "reason": r}
                 for n, v, s, r in self.engine.repo.index() if not only_ready or s == "READY"]
@@ -258,30 +302,37 @@ class HttpFront:
     async def infer(self, request: web.BaseRequest, params: dict[str, str],
                     call: Call) -> web.StreamResponse:
         """Token ids or text in, [B, T, C] input embeddings out (binary or JSON)."""
-        body = await read_body(request, self.max_body)
+        body = await read_body(request, self.max_body, call.deadline)
         infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
         admission = await self.engine.admit(infer.options, infer.inputs)
-        plan = plan_response(infer, admission)
-        writer = plan.writer
-        B, T, C = plan.shape
-        dest: Any = writer if writer is not None else RowSlice(plan.rows.view(B * T, C))
-        result = await self.engine.run_padded(admission, plan.rows, dest, call.start_ns,
-                                              call.deadline, infer.request_id)
-        if writer is not None:
-            return web.Response(body=result, content_type=_BINARY,
-                                headers={HEADER_LENGTH: str(plan.header_length)})
-        data, split = plan.json_body()
-        if split is None:
-            return web.Response(body=data, content_type=_JSON)
-        return web.Response(body=data, content_type=_BINARY, headers={HEADER_LENGTH: str(split)})
+        # The answer's bytes are held before its output is allocated (past
+        # --max-unsent-bytes: a second's wait, then 429) and given back once sent.
+        held = await self.budgets.hold(answer_bound(infer, admission))
+        try:
+            plan = plan_response(infer, admission)
+            writer = plan.writer
+            B, T, C = plan.shape
+            dest: Any = writer if writer is not None else RowSlice(plan.rows.view(B * T, C))
+            result = await self.engine.run_padded(admission, plan.rows, dest, call.start_ns,
+                                                  call.deadline, infer.request_id)
+            if writer is not None:
+                return BufferAnswer(result, _BINARY, {HEADER_LENGTH: str(plan.header_length)},
+                                    held, self.budgets)
+            data, split = plan.json_body()
+            if split is None:
+                return BufferAnswer(data, _JSON, None, held, self.budgets)
+            return BufferAnswer(data, _BINARY, {HEADER_LENGTH: str(split)}, held, self.budgets)
+        except BaseException:
+            self.budgets.give_back(held)
+            raise
 
     async def tokenize(self, request: web.BaseRequest, params: dict[str, str],
                        call: Call) -> web.StreamResponse:
         """The page's helper: an infer request's sequences as admission reads them (ids
         after truncation, each token's text, each row's untrained flag) and the model's
         widths and rules (``http_page.model_facts``); no lookup."""
-        body = await read_body(request, self.max_body)
+        body = await read_body(request, self.max_body, call.deadline)
         infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
         admission = await self.engine.admit(infer.options, infer.inputs)

@@ -18,7 +18,7 @@ asking for them in JSON is refused before any work, as Triton refuses it.
 from __future__ import annotations
 
 import json
-import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,8 @@ from service.rpc.oip_tensors import (
     read_tensor,
 )
 
-__all__ = ["EXTENSIONS", "InferRequest", "ResponsePlan", "parse_infer", "plan_response"]
+__all__ = ["EXTENSIONS", "InferRequest", "ResponsePlan", "answer_bound", "parse_infer",
+           "plan_response"]
 
 EXTENSIONS = ["parameters", "binary_tensor_data"]  # what GET /v2 advertises
 _TRANSPORT = ("binary_data_output",)  # request parameters of the REST form only
@@ -50,11 +51,37 @@ _ID_DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dt
 
 @dataclass(frozen=True)
 class _Tensor:
-    """An input tensor's header, in the shape ``oip_tensors.read_tensor`` reads."""
+    """An input tensor's header, in the shape ``oip_tensors.read_tensor`` reads (with
+    ``contents`` when its data are JSON strings, read as the gRPC form's typed ones)."""
 
     name: str
     datatype: str
     shape: list[int]
+    contents: Any = None
+
+
+class _JsonTexts:
+    """A BYTES tensor's JSON strings as ``contents.bytes_contents``: ``len`` is the data's
+    top-level count (B in every layout of a ``[B]`` or ``[B, 1]`` tensor), known without
+    visiting a string, so the declared shape and ``max_inputs_per_request`` are checked
+    first, as on gRPC; each string is encoded only when admission builds the inputs."""
+
+    def __init__(self, name: str, data: list[Any]) -> None:
+        self.name = name
+        self.data = data
+
+    @property
+    def bytes_contents(self) -> _JsonTexts:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __iter__(self) -> Iterator[bytes]:
+        for s in _flat(self.data):
+            if not isinstance(s, str):
+                raise InvalidArgument(f"input {self.name!r}: BYTES data must be strings")
+            yield s.encode("utf-8", "surrogatepass")  # a lone surrogate: refused as UTF-8
 
 
 @dataclass
@@ -113,6 +140,9 @@ def _json_object(data: bytes | memoryview) -> dict[str, Any]:
         value = json.loads(bytes(data))
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidArgument(f"request body is not valid JSON: {e}") from None
+    except RecursionError:  # the parser's own guard, raised at the interpreter's limit
+        raise InvalidArgument("request body is not valid JSON: nested deeper than the "
+                              "parser allows") from None
     if not isinstance(value, dict):
         raise InvalidArgument("request body must be a JSON object")
     return value
@@ -120,7 +150,7 @@ def _json_object(data: bytes | memoryview) -> dict[str, Any]:
 
 def _outputs(raw: Any, binary_default: bool) -> tuple[list[tuple[str, bool]], Any]:
     """(name, binary) per output in response order, and the embeddings' own datatype."""
-    if raw is None:
+    if raw is None or raw == []:  # none named = all, as on gRPC
         return [(name, binary_default) for name in _DEFAULT_ORDER], None
     if not isinstance(raw, list) or not all(isinstance(o, dict) for o in raw):
         raise InvalidArgument("outputs must be a list of objects with a 'name'")
@@ -178,20 +208,20 @@ def _inputs(raw: Any, binary: memoryview, start_position: int) -> Inputs:
     if "data" not in t:
         raise InvalidArgument(f"input {name!r} has no 'data' (or parameters "
                               f"'binary_data_size')")
-    return read_tensor(tensor, _raw(tensor, t["data"]), start_position)
+    data = t["data"]
+    if dt == "BYTES" and name == "text":
+        if not isinstance(data, list):
+            raise InvalidArgument("tensor 'data' must be a JSON list")
+        return read_tensor(_Tensor(name, dt, shape, _JsonTexts(name, data)), None,
+                           start_position)
+    return read_tensor(tensor, _raw(tensor, data), start_position)
 
 
 def _raw(tensor: _Tensor, data: Any) -> bytes:
     """JSON ``data`` (flat or nested, row-major) as the tensor's binary form, so one reader
     checks both (shape against element count, id range, UTF-8)."""
-    if tensor.datatype == "BYTES":
-        items = _flat(data)
-        if not all(isinstance(s, str) for s in items):
-            raise InvalidArgument(f"input {tensor.name!r}: BYTES data must be strings")
-        encoded = [s.encode("utf-8", "surrogatepass") for s in items]
-        return b"".join(struct.pack("<I", len(e)) + e for e in encoded)
     dt = _ID_DTYPES.get(tensor.datatype)
-    if dt is None:  # the reader names the expected datatypes
+    if dt is None:  # the reader names the expected input names and datatypes, unwalked
         return b""
     if not isinstance(data, list):
         raise InvalidArgument("tensor 'data' must be a JSON list")
@@ -213,13 +243,22 @@ def _raw(tensor: _Tensor, data: Any) -> bytes:
 
 
 def _flat(data: Any) -> list[Any]:
+    """Nested lists in row-major order, walked with a stack, not recursion: a body may
+    nest as deep as the JSON parser allows."""
     if not isinstance(data, list):
         raise InvalidArgument("tensor 'data' must be a JSON list")
-    if not any(isinstance(v, list) for v in data):
+    if list not in map(type, data):  # in C: a flat list is the common case
         return data
     out: list[Any] = []
-    for v in data:
-        out.extend(_flat(v) if isinstance(v, list) else [v])
+    stack = [iter(data)]
+    while stack:
+        for v in stack[-1]:
+            if isinstance(v, list):
+                stack.append(iter(v))
+                break
+            out.append(v)
+        else:
+            stack.pop()
     return out
 
 
@@ -288,6 +327,18 @@ class ResponsePlan:
         if self.binary.get("sequence_lengths"):
             return head + self._lengths_raw, len(head)
         return head, None
+
+
+def answer_bound(infer: InferRequest, admission: Admission) -> int:
+    """An upper bound of the answer's bytes, known at admission (before any output is
+    allocated): the rows as binary, or as JSON numbers (at most 24 characters and a
+    comma each), the sequence lengths, and the JSON header (its id escaped)."""
+    lengths = admission.lengths
+    values = len(lengths) * max(lengths) * (getattr(admission, "dim", None)
+                                           or admission.model.tables.dim)
+    itemsize = BY_WIRE[admission.options.dtype].itemsize
+    rows = values * itemsize if dict(infer.outputs)["embeddings"] else values * 25
+    return rows + 24 * len(lengths) * 2 + 4096 + 6 * len(infer.request_id)
 
 
 def plan_response(infer: InferRequest, admission: Admission) -> ResponsePlan:

@@ -1,0 +1,142 @@
+"""REST clients that send a request for a large answer and never read it.
+
+An answer counts against the limits until its last byte has left: the in-flight cap
+(``--max-concurrent-rpcs``) and the unsent-answer budget every front shares
+(``--max-unsent-bytes``). Before, the slot was given back when the handler returned, before
+the body was sent: sixteen never-reading clients under a cap of four were all answered and
+the server held every answer (and a copy of each joined to its headers).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from tests.http.conftest import infer_body, request
+from tests.security.conftest import TOKEN, WIDE_DIM
+from tests.tiny_model import MAX_SEQ_LEN, start
+
+HTTP_AUTH = {"Authorization": f"Bearer {TOKEN}"}
+B = 512  # x 64 tokens x 128 x 4 B: a 16 MiB answer, far past what loopback buffers take
+ROWS = B * MAX_SEQ_LEN * WIDE_DIM * 4
+BOUND = ROWS + 24 * B * 2 + 4096  # what the server holds for it (http_tensors.answer_bound)
+BIG_LIMITS = {"auth_token": TOKEN, "max_inputs_per_request": B,
+              "max_tokens_per_request": B * MAX_SEQ_LEN}
+
+
+def big_body() -> bytes:
+    ids = np.random.default_rng(0).integers(0, 50257, (B, MAX_SEQ_LEN)).tolist()
+    return json.dumps({**infer_body(ids), "parameters": {"binary_data_output": True}}).encode()
+
+
+def slow_client(port: int, body: bytes) -> socket.socket:
+    """Sends the request and reads nothing (a 4 KiB receive buffer: the kernel takes
+    almost nothing on the client's behalf)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+              + TOKEN.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    return s
+
+
+def read_reply(s: socket.socket) -> tuple[int, bytes]:
+    """(status, body) of one HTTP/1.1 response with a Content-Length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    match = re.search(rb"(?im)^content-length: (\d+)", head)
+    assert match is not None, head
+    length = int(match.group(1))
+    chunks = [rest]
+    got = len(rest)
+    while got < length:
+        chunk = s.recv(1 << 20)
+        assert chunk, "closed early"
+        chunks.append(chunk)
+        got += len(chunk)
+    return int(head.split(b" ", 2)[1]), b"".join(chunks)
+
+
+def wait_for(what: Callable[[], bool], seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_unread_answers_hold_their_in_flight_slot(security_repo: Path) -> None:
+    handle = start(security_repo, max_concurrent_rpcs=2, max_unsent_bytes=0, **BIG_LIMITS)
+    try:
+        port, http = handle.http_port, handle.server.http
+        assert http is not None
+        body = big_body()
+        slow = [slow_client(port, body) for _ in range(2)]
+        wait_for(lambda: http._inflight == 2 and http.budgets.held == 2 * BOUND)
+        time.sleep(0.3)  # still held: nobody reads
+        assert http._inflight == 2
+        refused = request(port, "POST", "/v2/models/tiny/infer", infer_body([[1]]), HTTP_AUTH)
+        assert (refused.status, refused.json()) == (429, {
+            "error": "2 HTTP requests in flight: max_concurrent_rpcs=2; retry later"})
+        answers = [read_reply(s) for s in slow]
+        for s in slow:
+            s.close()
+        wait_for(lambda: http._inflight == 0 and http.budgets.held == 0)
+        again = request(port, "POST", "/v2/models/wide/infer", body, HTTP_AUTH)
+        assert again.status == 200
+        assert answers == [(200, again.body)] * 2  # late, and exact
+    finally:
+        handle.stop()
+
+
+def test_unread_answers_are_bounded_by_the_unsent_budget(security_repo: Path) -> None:
+    """Two 16 MiB answers unread fill a 40 MiB budget: a third large one is refused
+    (429 naming the flag) before its output is allocated, a small one is served at its
+    usual latency, and what the server holds stays the two answers (its
+    memory, in a server process of its own, is measured by ``bench.overload``)."""
+    budget = 40 << 20
+    handle = start(security_repo, max_concurrent_rpcs=8, max_unsent_bytes=budget,
+                   **BIG_LIMITS)
+    try:
+        port, http = handle.http_port, handle.server.http
+        assert http is not None
+        body = big_body()
+        baseline = [request(port, "POST", "/v2/models/tiny/infer", infer_body([[1, 2]]),
+                            HTTP_AUTH) for _ in range(3)]  # warm
+        assert all(r.status == 200 for r in baseline)
+        slow = [slow_client(port, body) for _ in range(2)]
+        wait_for(lambda: http.budgets.held == 2 * BOUND)
+        third = slow_client(port, body)
+        assert read_reply(third) == (429, json.dumps({
+            "error": f"answers not yet taken by their clients hold {2 * BOUND} bytes; this "
+                     f"one's {BOUND} would pass max_unsent_bytes={budget}; retry later"}
+        ).encode())
+        third.close()
+        latencies = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            ok = request(port, "POST", "/v2/models/tiny/infer", infer_body([[1, 2]]),
+                         HTTP_AUTH)
+            latencies.append(time.perf_counter() - t0)
+            assert ok.status == 200
+        print(f"2 unread answers of {ROWS} B held; ordinary client median "
+              f"{statistics.median(latencies) * 1e3:.1f} ms")
+        assert statistics.median(latencies) < 0.5, latencies
+        wait_for(lambda: http.budgets.held == 2 * BOUND)  # the last small one given back
+        answers = [read_reply(s) for s in slow]
+        for s in slow:
+            s.close()
+        wait_for(lambda: http._inflight == 0 and http.budgets.held == 0)
+        again = request(port, "POST", "/v2/models/wide/infer", body, HTTP_AUTH)
+        assert answers == [(200, again.body)] * 2
+    finally:
+        handle.stop()
