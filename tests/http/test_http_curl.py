@@ -83,4 +83,4 @@ def test_refusal(server: ServerHandle, tmp_path: Path) -> None:
                        '\'tiny\'"}400\n')
     doc = DOC.read_text()
     assert ("prints `{\"error\": \"input_ids[0][1]=50257 is out of range [0, 50257) for "
-            "model 'gpt2'\"}400`") in doc
+            "model 'default'\"}400`") in doc

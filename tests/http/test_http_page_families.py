@@ -168,7 +168,7 @@ def embed(driver: webdriver.Chrome, handle: ServerHandle, name: str,
     assert wait_state(driver, "ready", "error") == "ready", text_of(driver, "error")
     if tamper:
         driver.execute_script(TAMPER, *tamper)
-    fill(driver, model=name, mode="ids", text=" ".join(map(str, IDS)), offset=START,
+    fill(driver, model=name, mode="ids", text=",".join(map(str, IDS)), offset=START,
          compose=compose)
     driver.find_element(By.ID, "go").click()
     return wait_state(driver, "done", "error")

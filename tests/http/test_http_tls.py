@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from service.server import ServerHandle
-from tests.client.test_client_tls import certs  # noqa: F401  (the openssl-made CA and certs)
+from tests.client.conftest import certs  # noqa: F401  (the openssl-made CA and certs)
 from tests.http.conftest import infer_body, request
 from tests.tiny_model import start
 
