@@ -57,14 +57,22 @@ def test_objects_rendered(overlay: str, manifests: dict[str, Objects]) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_probes_are_native_grpc_on_50051(overlay: str, manifests: dict[str, Objects]) -> None:
+def test_probes_live_over_http_ready_over_native_grpc(overlay: str,
+                                                      manifests: dict[str, Objects]) -> None:
+    """Startup and liveness: the process answers (an empty repository is never restarted);
+    readiness: a model is loaded (the scenario in scripts/image_test.sh runs all three)."""
     server = _server(manifests[overlay])
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+    for probe in ("startupProbe", "livenessProbe"):
         spec = server[probe]
-        assert spec["grpc"] == {"port": 50051}, probe
-        assert not {"httpGet", "tcpSocket", "exec"} & spec.keys(), probe
+        assert spec["httpGet"] == {"path": "/v2/health/live", "port": "http"}, probe
+        assert not {"grpc", "tcpSocket", "exec"} & spec.keys(), probe
+    assert ports["http"] == 8000
+    ready = server["readinessProbe"]
+    assert ready["grpc"] == {"port": 50051}
+    assert not {"httpGet", "tcpSocket", "exec"} & ready.keys()
     startup = server["startupProbe"]
-    assert startup["periodSeconds"] * startup["failureThreshold"] == 300  # 5 min to load
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 300  # 5 min to start
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
