@@ -265,3 +265,14 @@ def test_a_read_only_export_and_a_corpus_on_no_volume_are_refused(
     assert [p.split(": ", 1)[1] for p in check(c) if "data=" in p] == [
         "data='/models/.training/corpus': /models/.training/corpus is not in any volume "
         "(the image has no such data)"]
+
+
+def test_the_docs_show_the_commands_the_manifests_run(
+        rendered_all: dict[str, list[dict[str, Any]]]) -> None:
+    """docs/deploy.md's training command and importer args are the manifests' own."""
+    doc = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    block = doc.split("```\ntorchrun -m training ", 1)[1].split("\n```", 1)[0]
+    shown = ["-m", "training", *block.replace("\\\n", " ").split()]
+    assert shown == _training(rendered_all).spec["args"]
+    (importer,) = [c for c in containers("import", rendered_all["import"]) if not c.init]
+    assert f"`{' '.join(importer.spec['args'])}`" in doc
