@@ -223,6 +223,6 @@ def containers(name: str, objs: list[dict[str, Any]]) -> list[Container]:
                         # KServe's storage initializer downloads storageUri into an emptyDir
                         # and mounts it here, read-only, in the container with this name.
                         c.mounts.append(Mount("/mnt/models", "kserve-provision-location", True,
-                                              "emptyDir", {}))
+                                              "storageInitializer", {}))
                     out.append(c)
     return out
