@@ -75,9 +75,14 @@ if ! engine_up; then
               "--iptables=false --bridge=none --storage-driver=vfs"; do
     log="$WORK/dockerd${opts:+-$(echo "$opts" | tr -dc 'a-z')}.log"
     echo "starting dockerd ${opts:-(default options)}; log $log"
-    # Niced: the image build runs under the daemon, and this machine is shared.
+    # Niced: the image build runs under the daemon, and this machine is shared. Every
+    # inherited descriptor above 2 is closed first: run under `flock LOCK make image-test`,
+    # a dockerd that kept the lock's descriptor would hold the lock for as long as it lives.
     # shellcheck disable=SC2086
-    nice -n 10 dockerd --host unix:///var/run/docker.sock $opts >"$log" 2>&1 &
+    ( for fd in $(ls /proc/self/fd); do
+        [ "$fd" -gt 2 ] && eval "exec $fd>&-"
+      done 2>/dev/null
+      exec nice -n 10 dockerd --host unix:///var/run/docker.sock $opts ) >"$log" 2>&1 &
     pid=$!
     for _ in $(seq 60); do engine_up && break; kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     if engine_up; then STARTED_DOCKERD="$pid"; break; fi
