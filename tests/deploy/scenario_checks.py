@@ -65,6 +65,12 @@ class ServedChecks:
 
     def empty_repository(self, names: list[str], seconds: float) -> None:
         """The claim is empty: each replica is live (startup passed), not ready, not restarted."""
+        t0 = time.monotonic()  # the startup probe's own budget, then ``seconds`` of probing
+        budget = max(float(p.c.spec["startupProbe"]["periodSeconds"])
+                     * int(p.c.spec["startupProbe"]["failureThreshold"]) for p in self.probers)
+        while (any(p.log.started_at is None for p in self.probers)
+               and time.monotonic() - t0 < budget):
+            time.sleep(0.5)
         time.sleep(seconds)
         for name, p in zip(names, self.probers, strict=True):
             log = p.log
@@ -74,7 +80,8 @@ class ServedChecks:
                 and log.failures.get("readiness", 0) > 0 and "liveness" not in log.failures,
                 f"startup probe passed at {log.started_at}s, readiness failures "
                 f"{log.failures.get('readiness', 0)}, liveness failures "
-                f"{log.failures.get('liveness', 0)}, restarts {log.restarts} after {seconds} s")
+                f"{log.failures.get('liveness', 0)}, restarts {log.restarts} "
+                f"{seconds} s after it")
         if self.probers[0].log.started_at is not None:
             self.report.figures["live_on_empty_claim_s"] = round(self.probers[0].log.started_at, 1)
 
@@ -162,6 +169,10 @@ def hf_source(image: str, label: str, work: Path) -> str:
     (ctx / "source").mkdir(parents=True)
     config = GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=64, vocab_size=50257)
     GPT2LMHeadModel(config).save_pretrained(str(ctx / "source"), safe_serialization=True)
+    # safetensors writes its files 0600 and COPY keeps modes: the init container runs as
+    # uid 10001, so the image's files must be world-readable (docs/deploy.md says so).
+    for path in (ctx / "source").rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
     (ctx / "Dockerfile").write_text(f"FROM {image}\nCOPY source /source\n")
     tag = f"embedding-source:scenario-{label.rsplit('=', 1)[-1]}"
     os.environ["DOCKER_BUILDKIT"] = "0"  # Debian's docker.io has no buildx
