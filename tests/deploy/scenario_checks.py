@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from client import EmbeddingClient
+from client import EmbeddingClient, EmbeddingError
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
 from service.format.checkpoint import read_checkpoint
@@ -54,8 +54,8 @@ class ServedChecks:
             for ip in self.ips:
                 try:
                     last.append(self.embed(ip, model))
-                except grpc.RpcError as e:
-                    last.append((None, e.code().name))
+                except EmbeddingError as e:  # not loaded yet (UNAVAILABLE, NOT_FOUND)
+                    last.append((None, e.code.name))
             if all(v == version for v, _ in last):
                 return [b for _, b in last]
             time.sleep(0.5)
