@@ -155,7 +155,7 @@ def scenario(report: Report, image: str, label: str, work: Path) -> None:
                 print(f"--- logs of {n} ---\n{logs(n, 3000)}", flush=True)
         ids = docker("ps", "-aq", "--filter", f"label={label}", check=False).split()
         if ids:
-            docker("rm", "-f", *ids, check=False)
+            docker("rm", "-f", "-v", *ids, check=False)
         docker("volume", "rm", "-f", claim, check=False)
         docker("network", "rm", network, check=False)
 

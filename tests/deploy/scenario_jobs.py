@@ -101,7 +101,7 @@ def run_training(objs: list[dict[str, Any]], image: str, network: str, claim: st
     for name in names:
         run.restarts[name] = int(docker("inspect", "--format", "{{.RestartCount}}", name))
         run.logs[name] = logs(name)
-        docker("rm", "-f", name, check=False)
+        docker("rm", "-f", "-v", name, check=False)
     return run
 
 
@@ -122,7 +122,7 @@ def run_import(objs: list[dict[str, Any]], images: dict[str, str], network: str,
             break
     run.seconds = time.monotonic() - t0
     for c in found:
-        docker("rm", "-f", f"{pod.name}-{c.name}", check=False)
+        docker("rm", "-f", "-v", f"{pod.name}-{c.name}", check=False)
     for vol in pod.shared.values():
         docker("volume", "rm", "-f", vol, check=False)
     return run
