@@ -121,6 +121,12 @@ class ServedChecks:
                 lag = time.time() - exported.stat().st_mtime
                 self.report.figures[figure + "_after_export"] = round(lag, 1)
                 after = f", {lag:.1f} s after the export (poll {POLL_S} s)"
+            # A replica may answer before its next readiness probe has run: one period.
+            period = float(self.probers[0].c.spec["readinessProbe"]["periodSeconds"])
+            t_ready = time.monotonic()
+            while (not all(p.log.ready for p in self.probers)
+                   and time.monotonic() - t_ready < 2 * period):
+                time.sleep(0.2)
             ready = [p.log.ready for p in self.probers]
             assert all(ready), f"readiness {ready}"
             return (f"{model} version {version} on all {len(got)} replicas, same bytes, all "
