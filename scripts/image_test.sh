@@ -18,7 +18,8 @@
 # storage driver). Builds and containers use the host network. Prints "SKIPPED: <reason>" and
 # exits 0 only when no Docker engine can run at all. Everything it made (containers, images,
 # the dockerd it started, temp dirs) is removed on exit; IMAGE_TEST_KEEP_BASE=1 keeps the
-# stand-in base for the next run. IMAGE_TEST_CUDA=0 leaves out the CUDA image (~6 GB).
+# stand-in base for the next run. IMAGE_TEST_CUDA=0 leaves out the CUDA image (~6 GB);
+# IMAGE_TEST_SCENARIO=0 leaves out the Kubernetes scenario (tests/deploy/k8s_scenario.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -74,9 +75,14 @@ if ! engine_up; then
               "--iptables=false --bridge=none --storage-driver=vfs"; do
     log="$WORK/dockerd${opts:+-$(echo "$opts" | tr -dc 'a-z')}.log"
     echo "starting dockerd ${opts:-(default options)}; log $log"
-    # Niced: the image build runs under the daemon, and this machine is shared.
+    # Niced: the image build runs under the daemon, and this machine is shared. Every
+    # inherited descriptor above 2 is closed first: run under `flock LOCK make image-test`,
+    # a dockerd that kept the lock's descriptor would hold the lock for as long as it lives.
     # shellcheck disable=SC2086
-    nice -n 10 dockerd --host unix:///var/run/docker.sock $opts >"$log" 2>&1 &
+    ( for fd in $(ls /proc/self/fd); do
+        [ "$fd" -gt 2 ] && eval "exec $fd>&-"
+      done 2>/dev/null
+      exec nice -n 10 dockerd --host unix:///var/run/docker.sock $opts ) >"$log" 2>&1 &
     pid=$!
     for _ in $(seq 60); do engine_up && break; kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     if engine_up; then STARTED_DOCKERD="$pid"; break; fi
@@ -191,6 +197,17 @@ step "run and check the CPU image"
 status=0
 "$PY" -m tests.deploy.image_check "$CPU_IMAGE" --label "$LABEL" --kind cpu \
   --figures "$WORK/cpu.json" || status=1
+
+# The Kubernetes path from the rendered manifests: server replicas, the elastic training job
+# (a worker killed mid-run), roll forward, rollback, the importer Job, the KServe runtime.
+SCENARIO_LINE="k8s scenario: left out (IMAGE_TEST_SCENARIO=0)"
+if [ "${IMAGE_TEST_SCENARIO:-1}" != 0 ]; then
+  step "the Kubernetes manifests' pods on this engine (tests/deploy/k8s_scenario.py)"
+  ts=$(date +%s)
+  "$PY" -m tests.deploy.k8s_scenario "$CPU_IMAGE" --label "$LABEL" \
+    --figures "$WORK/scenario.json" || status=1
+  SCENARIO_LINE="k8s scenario: $(( $(date +%s) - ts )) s: $(cat "$WORK/scenario.json" 2>/dev/null || echo '{}')"
+fi
 docker rmi -f "$CPU_IMAGE" >/dev/null
 
 # --- the CUDA image ----------------------------------------------------------------------
@@ -211,6 +228,7 @@ fi
 step "summary"
 echo "base: $BASE${STANDIN:+ (stand-in)}; torch index: ${TORCH_ARGS[*]:-$TORCH_INDEX}"
 echo "CPU image: built in ${CPU_BUILD_S} s, $(( CPU_SIZE / 1000000 )) MB; run: $(cat "$WORK/cpu.json" 2>/dev/null || echo '{}')"
+echo "$SCENARIO_LINE"
 echo "$CUDA_LINE"
 echo "image test total $(( $(date +%s) - T0 )) s: $([ "$status" = 0 ] && echo PASSED || echo FAILED)"
 exit "$status"

@@ -62,6 +62,10 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between trainer-state saves; 0 = only at the end
     stop_at: int = 0  # halt after this step (state saved, no export); 0 = run to max_steps
     resume: bool = False  # continue from runs/<name>/state/trainer.pt
+    # Continue from that state when it exists, start fresh when it does not: what an elastic
+    # job's restarted workers need (the first start has no state yet, a restart must not
+    # begin again at step 0). --resume still insists on the state being there.
+    resume_if_present: bool = False
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     compile: bool = False  # torch.compile the model (CUDA runs; slow to start on CPU)

@@ -111,7 +111,7 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
     row_updates = torch.zeros(cfg.table_rows, dtype=torch.int64)
     step, tokens, history = 0, 0, []
     path = state_path(Path(cfg.runs_dir), cfg.name)
-    if cfg.resume:
+    if cfg.resume or (cfg.resume_if_present and path.is_file()):
         st = load_resumable(path)
         if st.corpus_sha256 != data.corpus_sha256:
             raise UsageError(f"--resume: {path} was trained on another corpus (sha256 "

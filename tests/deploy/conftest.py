@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 TOOLS_BIN = REPO / ".tools" / "venv" / "bin"
 OVERLAYS = ("cpu", "gpu", "cpu-model-image", "cpu-network-policy", "cpu-prometheus-operator",
-            "shm-sidecar")
+            "cpu-exposed", "shm-sidecar")
 # Custom resources kubernetes-validate has no schema for (checked by validate_crds.py).
 CRD_API_GROUPS = ("monitoring.coreos.com/",)
 

@@ -40,7 +40,8 @@ def _config(objs: Objects) -> dict[str, str]:
 
 # The objects each overlay adds to the base's (or, for cpu-model-image, takes away).
 _EXTRA_KINDS = {"cpu-network-policy": ["NetworkPolicy"],
-                "cpu-prometheus-operator": ["PrometheusRule", "ServiceMonitor"]}
+                "cpu-prometheus-operator": ["PrometheusRule", "ServiceMonitor"],
+                "cpu-exposed": ["Ingress", "Ingress"]}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -56,14 +57,22 @@ def test_objects_rendered(overlay: str, manifests: dict[str, Objects]) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_probes_are_native_grpc_on_50051(overlay: str, manifests: dict[str, Objects]) -> None:
+def test_probes_live_over_http_ready_over_native_grpc(overlay: str,
+                                                      manifests: dict[str, Objects]) -> None:
+    """Startup and liveness: the process answers (an empty repository is never restarted);
+    readiness: a model is loaded (the scenario in scripts/image_test.sh runs all three)."""
     server = _server(manifests[overlay])
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+    for probe in ("startupProbe", "livenessProbe"):
         spec = server[probe]
-        assert spec["grpc"] == {"port": 50051}, probe
-        assert not {"httpGet", "tcpSocket", "exec"} & spec.keys(), probe
+        assert spec["httpGet"] == {"path": "/v2/health/live", "port": "http"}, probe
+        assert not {"grpc", "tcpSocket", "exec"} & spec.keys(), probe
+    assert ports["http"] == 8000
+    ready = server["readinessProbe"]
+    assert ready["grpc"] == {"port": 50051}
+    assert not {"httpGet", "tcpSocket", "exec"} & ready.keys()
     startup = server["startupProbe"]
-    assert startup["periodSeconds"] * startup["failureThreshold"] == 300  # 5 min to load
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 300  # 5 min to start
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -187,7 +196,11 @@ def test_pytorchjob_writes_to_the_servers_claim() -> None:
     (container,) = worker["containers"]
     assert container["name"] == "pytorch"  # the operator looks for this name
     assert container["command"] == ["/app/.venv/bin/torchrun"]
-    assert container["args"][:4] == ["-m", "training", "--model-repository", "/models"]
+    args = container["args"]
+    assert args[:2] == ["-m", "training"]
+    # The flags are parsed by training's own parser in test_deploy_commands.py; here: the
+    # export goes to the claim's mount.
+    assert args[args.index("--out-repository") + 1] == "/models"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["models"] == "/models"
     (models,) = [v for v in worker["volumes"] if v["name"] == "models"]
@@ -317,3 +330,47 @@ def test_shm_consumer_reaches_the_server_on_localhost(manifests: dict[str, Objec
     # The placeholder is unmistakably the user's to replace.
     assert consumer["image"] == "your-registry.example/your-shm-consumer:replace-me"
     assert "ports" not in consumer  # it serves nothing; nothing reaches it from outside
+
+
+def test_exposed_needs_a_token_from_a_secret_and_tls_at_the_ingress(
+        manifests: dict[str, Objects]) -> None:
+    """Exposed means: bearer token from a Secret, the page off, TLS from a Secret, gRPC and
+    REST each routed to their own port, metrics never."""
+    objs = manifests["cpu-exposed"]
+    server = _server(objs)
+    env = {e["name"]: e for e in server["env"]}
+    assert env["EMBED_AUTH_TOKEN"]["valueFrom"] == {
+        "secretKeyRef": {"name": "embedding-auth", "key": "token"}}
+    config = [o for (kind, _), o in objs.items() if kind == "ConfigMap"]
+    assert [c["data"]["EMBED_UI"] for c in config] == ["0"]
+    grpc_in = objs[("Ingress", "embedding-service-grpc")]
+    http_in = objs[("Ingress", "embedding-service-http")]
+    assert grpc_in["metadata"]["annotations"][
+        "nginx.ingress.kubernetes.io/backend-protocol"] == "GRPC"
+    assert "nginx.ingress.kubernetes.io/backend-protocol" not in http_in["metadata"][
+        "annotations"]
+    ports = []
+    for ing in (grpc_in, http_in):
+        assert [t["secretName"] for t in ing["spec"]["tls"]] == ["embedding-tls"]
+        (rule,) = ing["spec"]["rules"]
+        assert rule["host"] in ing["spec"]["tls"][0]["hosts"]
+        (path,) = rule["http"]["paths"]
+        assert path["backend"]["service"]["name"] == NAME
+        ports.append(path["backend"]["service"]["port"]["name"])
+    assert ports == ["grpc", "http"]
+    assert _port_numbers(server)["grpc"] == 50051
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu", "cpu-network-policy", "cpu-exposed"])
+def test_the_claim_gets_the_storage_class_parameter(overlay: str,
+                                                    manifests: dict[str, Objects]) -> None:
+    claim = manifests[overlay][("PersistentVolumeClaim", "embedding-models")]
+    assert claim["spec"]["storageClassName"] == "nfs-csi"
+    # The parameter's ConfigMap is local-config: kustomize never emits it.
+    assert ("ConfigMap", "embedding-parameters") not in manifests[overlay]
+
+
+def test_the_page_is_off_in_every_overlay(manifests: dict[str, Objects]) -> None:
+    for overlay, objs in manifests.items():
+        (config,) = [o for (kind, _), o in objs.items() if kind == "ConfigMap"]
+        assert config["data"]["EMBED_UI"] == "0", overlay

@@ -153,4 +153,20 @@ def test_every_overlay_and_component_is_validated() -> None:
             for c in yaml.safe_load((k8s / "overlays" / overlay / "kustomization.yaml")
                                     .read_text()).get("components", [])}
     assert sorted(p.name for p in (k8s / "components").iterdir()) == sorted(used)
-    assert used == {"model-image", "network-policy", "prometheus-operator"}
+    assert used == {"model-image", "network-policy", "prometheus-operator", "exposed"}
+    # Every other kustomization (training job, importer) is parsed by test_deploy_commands.py.
+    from tests.deploy.pod_specs import KUSTOMIZATIONS
+    apart = {p.parent.name for p in k8s.glob("*/kustomization.yaml")}
+    assert apart == {"base", "training", "import"}
+    assert {"training", "import"} <= set(KUSTOMIZATIONS)
+
+
+def test_importer_job_validates_strict(kubectl: str, kubernetes_validate: str,
+                                       tmp_path: Path) -> None:
+    proc = subprocess.run([kubectl, "kustomize", str(DEPLOY / "k8s" / "import")],
+                          capture_output=True, text=True, timeout=60, check=True)
+    path = tmp_path / "import.yaml"
+    path.write_text(proc.stdout)
+    out = _validate(kubernetes_validate, path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (out.stdout + out.stderr).count(" passed for resource ") == 1

@@ -93,6 +93,22 @@ def test_resume_is_exact(make_config: MakeConfig, tokenizer: Tokenizer, precisio
         assert a.dtype == b.dtype == torch.float32, name  # fp32 master weights either way
 
 
+def test_resume_if_present_starts_fresh_then_resumes_exactly(
+        make_config: MakeConfig, tokenizer: Tokenizer) -> None:
+    """The Kubernetes job's flag: no state -> step 0; a state -> from it, bit for bit."""
+    full = _run(make_config(name="full-rip"), tokenizer)
+    first = _run(make_config(name="rip", stop_at=8, checkpoint_every=4,
+                             resume_if_present=True), tokenizer)
+    assert first.step == 8
+    assert first.history == full.history[:8]  # started at step 0: nothing was there
+    resumed = _run(make_config(name="rip", resume_if_present=True), tokenizer)
+    assert resumed.step == 20
+    assert resumed.history == full.history
+    for (name, a), b in zip(full.model.state_dict().items(),
+                            resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
 def test_grad_accumulation_matches_one_big_batch(make_config: MakeConfig,
                                                  tokenizer: Tokenizer) -> None:
     one = _run(make_config(name="one", max_steps=5), tokenizer)
