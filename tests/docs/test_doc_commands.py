@@ -31,8 +31,13 @@ NOT_RUN: dict[tuple[str, str], str] = {
     "builds both images from a clean clone (scripts/image_test.sh)",
     ("docs/deploy.md", "docker run --rm -p 50051:50051"): "make image-test runs the CPU "
     "image as this command does (tests/deploy/image_check.py)",
-    ("docs/deploy.md", "kubectl apply -k deploy/k8s/overlays/cpu"): "needs a Kubernetes API "
+    ("docs/deploy.md", "overlays/cpu          # CPU pods"): "needs a Kubernetes API "
     "server (none can run here); tests/deploy renders and validates each overlay",
+    ("docs/deploy.md", "kubectl create secret generic embedding-auth"): "needs a Kubernetes "
+    "API server; tests/deploy/test_deploy_commands.py parses the exposed overlay's pods",
+    ("docs/deploy.md", "torchrun -m training --data /models/.training/corpus"): "the "
+    "PyTorchJob's command, on the claim's paths: tests/deploy/test_deploy_commands.py checks "
+    "it equals the manifest's and parses it; make image-test runs it in the pods",
     ("docs/deploy.md", "prometheus --config.file="): "tests/deploy/test_deploy_prometheus.py "
     "runs Prometheus on this configuration",
     ("docs/deploy.md", "kubectl label namespace"): "needs a Kubernetes API server",
