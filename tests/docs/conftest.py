@@ -137,7 +137,7 @@ def _lay_out(path: Path) -> None:
     build_hf_gpt2(path / "gpt2-dir")  # README's "./gpt2-dir": a small GPT-2, saved as HF does
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # the server stops with the doc tests, not the session
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     """The sandbox with the quickstart's model served on the docs' ports."""
     taken = [f"{name} {port}" for name, port in PORTS.items() if not _port_free(port)]
