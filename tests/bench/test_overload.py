@@ -21,11 +21,18 @@ def test_overload_refuses_past_the_queue_budget(tmp_path: Path) -> None:
          # hold two requests. A batch delay keeps each one queued for 50 ms, so 16 in
          # flight must overflow the 1024-token budget whatever the machine's speed.
          "--server-arg=--max-batch-delay-us=50000", "--slow-readers", "2",
-         "--slow-tokens", "64"],
+         "--slow-tokens", "64", "--rest-slow-readers", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "overload.json").read_text())
-    assert set(report) == {"config", "baseline", "overload", "target", "slow_reader"}
+    assert set(report) == {"config", "baseline", "overload", "target", "slow_reader",
+                           "rest_slow_reader"}
+    rest = report["rest_slow_reader"]
+    assert rest["clients"] == 2
+    assert rest["slow_other"] == 0  # a slow reader is answered or refused with 429, never 500
+    assert rest["rss_peak_mib"] >= rest["rss_before_mib"] > 0
+    assert rest["normal_requests"] > 0
+    assert "REST slow readers: 2 clients" in proc.stdout
     slow = report["slow_reader"]
     assert slow["streams"] == 2
     assert slow["rss_peak_mib"] >= slow["rss_before_mib"] > 0

@@ -226,7 +226,7 @@ def test_the_old_training_command_is_refused_naming_the_manifest(
     assert msg.startswith("training PyTorchJob/embedding-train Worker container pytorch: "
                           "training args ")
     assert msg.endswith("error: unrecognized arguments: --model-repository /models "
-                        "--model gpt2-small")
+                        "--model gpt2-small (see --help)")
 
 
 def test_a_relative_cache_dir_is_refused_on_a_read_only_root(
@@ -247,7 +247,7 @@ def test_a_bad_environment_value_is_refused(
     server.env["EMBED_GRPC_PORT"] = "fifty"
     with pytest.raises(AssertionError, match=r"^overlays/cpu Deployment/embedding-service "
                        r"Deployment container server: args \[\]: python -m service: error: "
-                       r"EMBED_GRPC_PORT='fifty' is not a valid int$"):
+                       r"EMBED_GRPC_PORT='fifty' is not a valid int \(see --help\)$"):
         check(server)
 
 
@@ -271,7 +271,7 @@ def test_the_docs_show_the_commands_the_manifests_run(
         rendered_all: dict[str, list[dict[str, Any]]]) -> None:
     """docs/deploy.md's training command and importer args are the manifests' own."""
     doc = (DEPLOY.parent / "docs" / "deploy.md").read_text()
-    block = doc.split("```\ntorchrun -m training ", 1)[1].split("\n```", 1)[0]
+    block = doc.split("```bash\ntorchrun -m training ", 1)[1].split("\n```", 1)[0]
     shown = ["-m", "training", *block.replace("\\\n", " ").split()]
     assert shown == _training(rendered_all).spec["args"]
     (importer,) = [c for c in containers("import", rendered_all["import"]) if not c.init]

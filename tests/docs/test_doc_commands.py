@@ -41,6 +41,8 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/deploy.md", "prometheus --config.file="): "tests/deploy/test_deploy_prometheus.py "
     "runs Prometheus on this configuration",
     ("docs/deploy.md", "kubectl label namespace"): "needs a Kubernetes API server",
+    ("docs/training.md", "NANOGPT_DIR=/work/nanogpt"): "needs a checkout of nanoGPT outside "
+    "the project (never vendored) and minutes of both trainers on the machine",
     ("docs/importers.md", "~/bloom-560m"): "needs the named checkpoints; each form is "
     "run on small models by tests/training/test_importers.py and test_hf_import.py",
     ("docs/importers.md", "~/Qwen3-8B"): "needs the named checkpoints (and installs into the "
