@@ -38,6 +38,16 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+async def peak_rss_mib(pid: int, end: float, start: float) -> float:
+    """The highest RSS of ``pid`` sampled every 50 ms until ``end`` (perf_counter), from
+    ``start``."""
+    peak = start
+    while time.perf_counter() < end:
+        peak = max(peak, rss_mib(pid))
+        await asyncio.sleep(0.05)
+    return peak
+
+
 async def _slow_stream(stub: pb_grpc.EmbeddingServiceStub, request: pb.EmbedRequest,
                        count: int) -> None:
     """Write ``count`` requests on one stream and never read an answer."""
@@ -56,7 +66,6 @@ async def run_slow_readers(target: str, pid: int, request: pb.EmbedRequest,
                            seconds: float = 4.0) -> dict[str, Any]:
     """The phase: slow streams plus ordinary clients for ``seconds``; figures as a dict."""
     rss_before = rss_mib(pid)
-    peak = rss_before
     latencies: list[float] = []
     other: dict[str, int] = {}
     async with grpc.aio.insecure_channel(target) as slow_channel, \
@@ -78,13 +87,9 @@ async def run_slow_readers(target: str, pid: int, request: pb.EmbedRequest,
                     other[e.code().name] = other.get(e.code().name, 0) + 1
                 i += 1
 
-        async def sample() -> None:
-            nonlocal peak
-            while time.perf_counter() < end:
-                peak = max(peak, rss_mib(pid))
-                await asyncio.sleep(0.05)
-
-        await asyncio.gather(sample(), *(loop(k) for k in range(concurrency)))
+        sampler = asyncio.ensure_future(peak_rss_mib(pid, end, rss_before))
+        await asyncio.gather(*(loop(k) for k in range(concurrency)))
+        peak = await sampler
         for task in slow:
             task.cancel()
         for task in slow:

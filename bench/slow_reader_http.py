@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.slow_reader import rss_mib
+from bench.slow_reader import peak_rss_mib, rss_mib
 from bench.window import percentile
 
 __all__ = ["format_rest_row", "infer_body", "run_rest_slow_readers"]
@@ -73,7 +73,6 @@ async def run_rest_slow_readers(port: int, pid: int, model: str, slow_body: byte
     """The phase: ``clients`` slow connections plus one ordinary client; figures."""
     path = f"/v2/models/{model}/infer"
     rss_before = rss_mib(pid)
-    peak = rss_before
     slow = [_slow_client(port, path, slow_body) for _ in range(clients)]
     latencies: list[float] = []
     codes: dict[int, int] = {}
@@ -90,13 +89,9 @@ async def run_rest_slow_readers(port: int, pid: int, model: str, slow_body: byte
                         latencies.append((time.perf_counter() - sent) * 1e3)
                 i += 1
 
-        async def sample() -> None:
-            nonlocal peak
-            while time.perf_counter() < end:
-                peak = max(peak, rss_mib(pid))
-                await asyncio.sleep(0.05)
-
-        await asyncio.gather(sample(), loop())
+        sampler = asyncio.ensure_future(peak_rss_mib(pid, end, rss_before))
+        await loop()
+        peak = await sampler
     replies = [_read_reply(s) for s in slow]
     for s in slow:
         s.close()

@@ -40,6 +40,20 @@ def _chunks(n: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(n, s + chunk)) for s in range(0, n, chunk)]
 
 
+def _finish(ctx: Any, total: torch.Tensor, grad_h: torch.Tensor | None,
+            grad_w: torch.Tensor | None, N: int) -> torch.Tensor:
+    """Scale the summed gradients to the mean, keep them for backward; the mean loss."""
+    # 1/N applied to the small (N, C) and (V, C) results, not to every (n, V) entry.
+    scale = 1.0 / N
+    if grad_h is not None:
+        grad_h.mul_(scale)
+    if grad_w is not None:
+        grad_w.mul_(scale)
+    ctx.save_for_backward(*(g for g in (grad_h, grad_w) if g is not None))
+    ctx.has = (grad_h is not None, grad_w is not None)
+    return total / N
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``; gradients fused in."""
 
@@ -72,15 +86,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 torch.mm(p, weight, out=grad_h[s:e])  # (n, C)
             if grad_w is not None:
                 grad_w.addmm_(p.t(), h)  # (V, C) += (V, n) @ (n, C)
-        # 1/N applied to the small (N, C) and (V, C) results, not to every (n, V) entry.
-        scale = 1.0 / N
-        if grad_h is not None:
-            grad_h.mul_(scale)
-        if grad_w is not None:
-            grad_w.mul_(scale)
-        ctx.save_for_backward(*(g for g in (grad_h, grad_w) if g is not None))
-        ctx.has = (grad_h is not None, grad_w is not None)
-        return total / N
+        return _finish(ctx, total, grad_h, grad_w, N)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor
@@ -124,14 +130,7 @@ def _bf16_forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets:
             grad_h[s:e] = torch.mm(p, w16)  # (n, C) bf16 -> fp32
         if grad_w is not None:
             grad_w.add_(torch.mm(p.t(), h))  # (V, C) fp32 += bf16 (V, n) @ (n, C)
-    scale = 1.0 / N
-    if grad_h is not None:
-        grad_h.mul_(scale)
-    if grad_w is not None:
-        grad_w.mul_(scale)
-    ctx.save_for_backward(*(g for g in (grad_h, grad_w) if g is not None))
-    ctx.has = (grad_h is not None, grad_w is not None)
-    return total / N
+    return _finish(ctx, total, grad_h, grad_w, N)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

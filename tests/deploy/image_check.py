@@ -239,7 +239,10 @@ def serve_checks(report: Report, image: str, label: str, work: Path) -> None:
             "-v", f"{repo}:/models:ro",
             "-e", "EMBED_HOST=127.0.0.1", "-e", f"EMBED_GRPC_PORT={grpc_port}",
             "-e", f"EMBED_HTTP_PORT={http_port}",
-            "-e", f"EMBED_METRICS_PORT={metrics_port}", image, "--poll-seconds", "30"]
+            "-e", f"EMBED_METRICS_PORT={metrics_port}", image, "--poll-seconds", "30",
+            # The locked version was just written: without this it would be "not ready yet"
+            # for the load grace (a copy in progress) and refused only 30 s later.
+            "--load-grace-seconds", "0"]
     report.step("docker " + " ".join(argv))
     t_run = time.monotonic()
     docker(*argv)

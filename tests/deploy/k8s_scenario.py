@@ -143,7 +143,7 @@ def scenario(report: Report, image: str, label: str, work: Path) -> None:
                         else "; " + " | ".join(imported.logs.values())[-1500:]))
         served.serves_imported(work / "hf-source" / "source", since=t_import)
         report.attempt("KServe ServingRuntime answers a v2 ModelInfer", lambda: kserve_infer(
-            objs["kserve"], image, network, claim, label, served))
+            objs["kserve"], image, network, claim, label, served, root))
         for p, n in zip(probers, names, strict=True):
             report.check(f"{n}: never restarted by its probes", p.log.restarts == 0,
                          f"restarts {p.log.restarts}, probe failures {p.log.failures}")

@@ -10,6 +10,7 @@ KServe runtime's v2 ModelInfer.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -187,9 +188,20 @@ def hf_source(image: str, label: str, work: Path) -> str:
 
 
 def kserve_infer(objs: list[dict[str, Any]], image: str, network: str, claim: str,
-                 label: str, served: ServedChecks) -> str:
-    """Start the gRPC ServingRuntime's container as written; ModelInfer on trained."""
+                 label: str, served: ServedChecks, root: Path) -> str:
+    """Start the gRPC ServingRuntime's container as written; ModelInfer on the model its
+    --default-model names, placed as KServe's storage initializer would (trained/1)."""
     (c,) = [c for c in containers("kserve", objs) if c.owner_name == "embedding-service-grpc"]
+    args = list(c.spec["args"])
+    model = args[args.index("--default-model") + 1]
+    # The InferenceService's storageUri holds that model; the claim stands in for it, so
+    # the model is put there under the runtime's name (the server refuses a default model
+    # its repository does not hold).
+    source, placed = root / "trained" / "1", root / model / "1"
+    shutil.copytree(source, placed)
+    owner = source.stat()
+    for path in [placed.parent, placed, *placed.rglob("*")]:
+        os.chown(path, owner.st_uid, owner.st_gid)  # the job's files, as the job wrote them
     pod = Pod("embedding-predictor", network, claim, label)
     docker(*run_argv(c, pod, image))
     name = f"{pod.name}-{c.name}"
@@ -200,7 +212,7 @@ def kserve_infer(objs: list[dict[str, Any]], image: str, network: str, claim: st
     t0 = time.monotonic()
     _until(lambda: _serving(target), 120, f"{target} not SERVING")
     tensor = oip.ModelInferRequest.InferInputTensor
-    request = oip.ModelInferRequest(model_name="trained", inputs=[tensor(
+    request = oip.ModelInferRequest(model_name=model, inputs=[tensor(
         name="input_ids", datatype="INT64", shape=[1, len(IDS)],
         contents=oip.InferTensorContents(int64_contents=IDS))])
     with grpc.insecure_channel(target) as ch:
@@ -209,7 +221,8 @@ def kserve_infer(objs: list[dict[str, Any]], image: str, network: str, claim: st
     assert resp.raw_output_contents[0] == want, "not the Deployment's bytes for trained/1"
     out = resp.outputs[0]
     return (f"{' '.join(c.spec['args'])}: SERVING in {time.monotonic() - t0:.1f} s; "
-            f"ModelInfer trained -> {out.datatype} {list(out.shape)}, the replicas' bytes")
+            f"ModelInfer {model} (trained/1) -> {out.datatype} {list(out.shape)}, the "
+            f"replicas' bytes")
 
 
 def _serving(target: str) -> bool:
