@@ -49,6 +49,7 @@ from service.errors import EmbedError, InvalidArgument, http_status_for
 from service.rpc.frame import Call, Frame, Refused
 from service.rpc.http_page import model_facts
 from service.rpc.http_send import BufferAnswer, linger, send
+from service.rpc.http_slots import RestSlots, Slot
 from service.rpc.http_tensors import EXTENSIONS, answer_bound, parse_infer, plan_response
 from service.rpc.http_wire import (
     HEADER_LENGTH,
@@ -89,14 +90,13 @@ class HttpFront:
                  ui: bool = True, max_inflight: int = 0,
                  budgets: StreamBudgets | None = None) -> None:
         self.engine = engine
-        # --max-concurrent-rpcs for HTTP: aiohttp has no core-level cap as gRPC has, so the
-        # refusal happens here, before the body is read or anything is admitted (0 = none).
-        # A request holds its slot until the last byte of its answer has left.
-        self.max_inflight = max_inflight
         # The unsent-answer budget every gRPC stream shares (--max-unsent-bytes): a REST
         # answer's bytes count in it from before its output is allocated until sent.
         self.budgets = budgets if budgets is not None else StreamBudgets(0)
-        self._inflight = 0
+        # --max-concurrent-rpcs for HTTP: aiohttp has no core-level cap as gRPC has, so the
+        # refusal happens here, before the body is read or anything is admitted (0 = none).
+        # A request holds its slot until the last byte of its answer has left.
+        self.slots = RestSlots(max_inflight, self.budgets)
         self.frame = frame
         self.tracing = traces
         self.ui = ui
@@ -143,10 +143,10 @@ class HttpFront:
     # -- dispatch: every /v2 route inside the frame ----------------------------------------
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
-        counted = False
+        slot: Slot | None = None
         response: web.StreamResponse | None = None
         try:
-            response, counted = await self._answer(request)
+            response, slot = await self._answer(request)
             unread = not request.content.is_eof()
             if unread:
                 # Answered before its body was read (refused on its size, credentials or
@@ -156,29 +156,30 @@ class HttpFront:
             # not read keeps the slot (and its bytes) until its last byte has left.
             await send(request, response)
         finally:
-            if counted:
-                self._inflight -= 1
+            if slot is not None:
+                slot.release()
             if isinstance(response, BufferAnswer):
                 response.release()
         if unread:
             await linger(request)
         return response
 
-    async def _answer(self, request: web.BaseRequest) -> tuple[web.StreamResponse, bool]:
-        """The response (not yet sent) and whether it holds an in-flight slot."""
+    async def _answer(self, request: web.BaseRequest
+                      ) -> tuple[web.StreamResponse, Slot | None]:
+        """The response (not yet sent) and the in-flight slot it holds, if any."""
         start_ns = time.perf_counter_ns()
         path = request.path
         if not path.startswith("/v2"):
-            return self._static(request), False
+            return self._static(request), None
         route, params = self._match(request.method, path)
         if route is None:
             allowed = [r.method for r in self.routes if r.pattern.fullmatch(path)]
             if allowed:
                 return error_response(405, f"{request.method} {path}: use "
                                            f"{', '.join(allowed)}",
-                                      {"Allow": ", ".join(allowed)}), False
+                                      {"Allow": ", ".join(allowed)}), None
             return error_response(404, f"no endpoint {path}; see GET /v2 and "
-                                       f"/v2/models/<model>"), False
+                                       f"/v2/models/<model>"), None
         headers = request.headers
         call = Call(f"http/{route.rpc}", params.get("model") or "", headers.get("x-request-id", ""),
                     headers.get("Authorization", ""), None, start_ns)
@@ -189,15 +190,14 @@ class HttpFront:
 
         attributes = {"http.request.method": request.method, "url.path": path,
                       "rpc.system": "http", "rpc.method": route.rpc}
-        if self.max_inflight and self._inflight >= self.max_inflight:
-            return error_response(429, f"{self._inflight} HTTP requests in flight: "
-                                       f"max_concurrent_rpcs={self.max_inflight}; retry "
-                                       f"later"), False
-        self._inflight += 1
+        slot = self.slots.take()
+        if slot is None:
+            return error_response(429, self.slots.full_message()), None
+        request["slot"] = slot  # infer gives it back while it waits for budget
         try:
-            return await self._framed(route, call, body, attributes, request, headers), True
+            return await self._framed(route, call, body, attributes, request, headers), slot
         except BaseException:
-            self._inflight -= 1
+            slot.release()
             raise
 
     async def _framed(self, route: Route, call: Call,
@@ -307,8 +307,9 @@ class HttpFront:
                             model_version(params.get("version", "")))
         admission = await self.engine.admit(infer.options, infer.inputs)
         # The answer's bytes are held before its output is allocated (past
-        # --max-unsent-bytes: a second's wait, then 429) and given back once sent.
-        held = await self.budgets.hold(answer_bound(infer, admission))
+        # --max-unsent-bytes: a second's wait without the slot, then 429) and given back
+        # once sent.
+        held = await self.slots.hold(request["slot"], answer_bound(infer, admission))
         try:
             plan = plan_response(infer, admission)
             writer = plan.writer

@@ -15,12 +15,13 @@ earlier one needs (answers are sent in order); a stream holding nothing may alwa
 one answer, however large (it fits the message-size cap), so no stream waits on another
 stream's slow reader for ever.
 
-A REST answer is held the same way, as a stream of one (``StreamBudgets.hold``): an
-HTTP/1.1 connection sends one answer at a time, so it never holds more than the one
-answer a stream may always take, and its bytes count in the total every stream shares
-until its last byte is handed to the socket. Past the total it waits up to a second for
-room, then is refused (429 naming ``max_unsent_bytes``): a REST request has no window to
-stop reading, so it cannot wait as long as a stream's next answer does.
+A REST answer is held the same way, as a stream of one (``StreamBudgets.fits`` and
+``take``): an HTTP/1.1 connection sends one answer at a time, so it never holds more than
+the one answer a stream may always take, and its bytes count in the total every stream
+shares until its last byte is handed to the socket. Past the total it waits up to a
+second for room, without its in-flight slot (``http_slots``), then is refused (429 naming
+``max_unsent_bytes``): a REST request has no window to stop reading, so it cannot wait as
+long as a stream's next answer does.
 """
 
 from __future__ import annotations
@@ -53,26 +54,21 @@ class StreamBudgets:
             self._changed.set()
             self._changed = None  # the next waiter gets a fresh event
 
-    async def hold(self, nbytes: int, wait_s: float = 1.0) -> int:
-        """Hold a whole REST answer's ``nbytes`` until ``give_back``. When it would pass
-        ``total`` while others hold bytes, wait up to ``wait_s`` for answers to leave
-        (ordinary answers leave within milliseconds), then refuse it
-        (RESOURCE_EXHAUSTED); alone, any answer that fits the message-size cap goes
-        through, as on a stream."""
-        loop = asyncio.get_running_loop()
-        until = loop.time() + wait_s
-        while self.total and self.held and self.held + nbytes > self.total:
-            left = until - loop.time()
-            if left <= 0:
-                raise ResourceExhausted(
-                    f"answers not yet taken by their clients hold {self.held} bytes; this "
-                    f"one's {nbytes} would pass max_unsent_bytes={self.total}; retry later")
-            try:
-                await asyncio.wait_for(self.changed(), left)
-            except TimeoutError:
-                continue
+    def fits(self, nbytes: int) -> bool:
+        """Whether a REST answer of ``nbytes`` may be held now: within ``total``, or
+        alone (any answer that fits the message-size cap goes through, as on a stream)."""
+        return not self.total or not self.held or self.held + nbytes <= self.total
+
+    def take(self, nbytes: int) -> int:
+        """Hold a REST answer's ``nbytes`` (seen to fit) until ``give_back``."""
         self.held += nbytes
         return nbytes
+
+    def refusal(self, nbytes: int) -> ResourceExhausted:
+        """The error for a REST answer that does not fit."""
+        return ResourceExhausted(
+            f"answers not yet taken by their clients hold {self.held} bytes; this "
+            f"one's {nbytes} would pass max_unsent_bytes={self.total}; retry later")
 
     def give_back(self, nbytes: int) -> None:
         """A held REST answer was sent (or never will be): its bytes are free again."""

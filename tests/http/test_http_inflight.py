@@ -23,7 +23,7 @@ def test_requests_past_the_inflight_cap_get_429_and_the_next_one_is_served(
             request(port, "POST", INFER, infer_body(ids=[[1, 2]])).status))
         slow.start()
         deadline = time.monotonic() + 5
-        while handle.server.http is not None and handle.server.http._inflight == 0:
+        while handle.server.http is not None and handle.server.http.slots.inflight == 0:
             assert time.monotonic() < deadline, "the first request never arrived"
             time.sleep(0.01)
         refused = request(port, "POST", INFER, infer_body(ids=[[3]]))

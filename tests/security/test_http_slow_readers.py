@@ -81,16 +81,16 @@ def test_unread_answers_hold_their_in_flight_slot(security_repo: Path) -> None:
         assert http is not None
         body = big_body()
         slow = [slow_client(port, body) for _ in range(2)]
-        wait_for(lambda: http._inflight == 2 and http.budgets.held == 2 * BOUND)
+        wait_for(lambda: http.slots.inflight == 2 and http.budgets.held == 2 * BOUND)
         time.sleep(0.3)  # still held: nobody reads
-        assert http._inflight == 2
+        assert http.slots.inflight == 2
         refused = request(port, "POST", "/v2/models/tiny/infer", infer_body([[1]]), HTTP_AUTH)
         assert (refused.status, refused.json()) == (429, {
             "error": "2 HTTP requests in flight: max_concurrent_rpcs=2; retry later"})
         answers = [read_reply(s) for s in slow]
         for s in slow:
             s.close()
-        wait_for(lambda: http._inflight == 0 and http.budgets.held == 0)
+        wait_for(lambda: http.slots.inflight == 0 and http.budgets.held == 0)
         again = request(port, "POST", "/v2/models/wide/infer", body, HTTP_AUTH)
         assert again.status == 200
         assert answers == [(200, again.body)] * 2  # late, and exact
@@ -135,7 +135,56 @@ def test_unread_answers_are_bounded_by_the_unsent_budget(security_repo: Path) ->
         answers = [read_reply(s) for s in slow]
         for s in slow:
             s.close()
-        wait_for(lambda: http._inflight == 0 and http.budgets.held == 0)
+        wait_for(lambda: http.slots.inflight == 0 and http.budgets.held == 0)
+        again = request(port, "POST", "/v2/models/wide/infer", body, HTTP_AUTH)
+        assert answers == [(200, again.body)] * 2
+    finally:
+        handle.stop()
+
+
+def test_requests_waiting_for_budget_leave_their_slot_to_ordinary_clients(
+        security_repo: Path) -> None:
+    """Two unread answers fill the budget; four more large requests wait for room, and
+    they wait without their in-flight slots: under a cap of four an ordinary client is
+    served while they wait (it was refused 429 while they held the slots), a seventh large
+    request finds as many waiting as may be in flight and is refused at once, and each
+    waiter is refused naming the budget once its wait is over."""
+    budget = 40 << 20
+    handle = start(security_repo, max_concurrent_rpcs=4, max_unsent_bytes=budget,
+                   **BIG_LIMITS)
+    try:
+        port, http = handle.http_port, handle.server.http
+        assert http is not None
+        http.slots.wait_s = 4.0  # room for the checks below on a loaded machine
+        body = big_body()
+        slow = [slow_client(port, body) for _ in range(2)]
+        wait_for(lambda: http.budgets.held == 2 * BOUND)
+        waiting = []
+        for k in range(1, 5):  # one at a time: each holds a slot while its body is read
+            waiting.append(slow_client(port, body))
+            wait_for(lambda: http.slots.waiting == k)  # noqa: B023 (k is read at once)
+        assert http.slots.inflight == 2  # the two unread answers; no waiter holds a slot
+        ordinary = request(port, "POST", "/v2/models/tiny/infer", infer_body([[1, 2]]),
+                           HTTP_AUTH)
+        assert ordinary.status == 200
+        budget_full = json.dumps({
+            "error": f"answers not yet taken by their clients hold {2 * BOUND} bytes; this "
+                     f"one's {BOUND} would pass max_unsent_bytes={budget}; retry later"}
+        ).encode()
+        t0 = time.monotonic()
+        seventh = slow_client(port, body)
+        assert read_reply(seventh) == (429, budget_full)
+        assert time.monotonic() - t0 < 2.0  # not after a wait of its own
+        assert http.slots.waiting == 4
+        seventh.close()
+        for s in waiting:
+            assert read_reply(s) == (429, budget_full)
+            s.close()
+        assert (http.slots.waiting, http.slots.inflight) == (0, 2)
+        answers = [read_reply(s) for s in slow]
+        for s in slow:
+            s.close()
+        wait_for(lambda: http.slots.inflight == 0 and http.budgets.held == 0)
         again = request(port, "POST", "/v2/models/wide/infer", body, HTTP_AUTH)
         assert answers == [(200, again.body)] * 2
     finally:

@@ -73,4 +73,4 @@ def test_rest_client_and_slow_reader_are_exact(rest_soak) -> None:  # type: igno
     # The unread answer's bytes were held (its bound: rows + lengths + header).
     assert max(held) >= B * T * C * 4
     assert http.budgets.held == 0
-    assert http._inflight == 0
+    assert http.slots.inflight == 0
