@@ -1,68 +1,31 @@
 """The one-pass CPU lookup (``lookup.c``): built once with the system C compiler, loaded
 with ctypes, used by ``tables`` for fp32 tables whenever it is there.
 
-    python -m service.engine.kernel      # build it now (setup and image build stages)
+    python -m service.engine.kernel      # build it now (scripts/setup.sh does)
 
-The library's file name carries the source's hash, so an edited ``lookup.c`` is never
-served by a stale build. It is built into this package's folder (or ``EMBED_KERNEL_DIR``)
-through a temporary name and an atomic rename, so workers starting together never load a
-half-written file. Where no compiler is found (a runtime image built without running the
-command above) ``load`` returns None and the tables take torch's path: same bits, more
-passes over the answer (docs/performance.md counts both).
+Built by ``kernel_build`` (the standard library only: the images' build stage runs it
+without torch and copies the library into the runtime stage, which has no compiler).
+Where there is neither a library nor a compiler ``load`` returns None and the tables take
+torch's path: same bits, more passes over the answer (docs/performance.md counts both).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
+
+from service.engine.kernel_build import build, library_path
 
 __all__ = ["OUT_KINDS", "BusError", "build", "embed_rows", "guarded", "load"]
 
 log = logging.getLogger(__name__)
 _guarded = False  # set by load()
-_SOURCE = Path(__file__).with_name("lookup.c")
-# IEEE sums and roundings only: no -ffast-math, and no FMA contraction of to_f16's scale.
-_FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off", "-fno-math-errno"]
 OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-
-
-def _library_path() -> Path:
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()
-    folder = Path(os.environ.get("EMBED_KERNEL_DIR") or _SOURCE.parent)
-    return folder / f"_lookup-{digest[:16]}.so"
-
-
-def build() -> Path:
-    """Compile ``lookup.c`` (if not built yet) and return the library's path."""
-    target = _library_path()
-    if target.exists():
-        return target
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise FileNotFoundError("no C compiler (cc, gcc or $CC) to build the lookup kernel")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".lookup-", suffix=".so")
-    os.close(fd)
-    try:
-        subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE)], check=True,
-                       capture_output=True, text=True)
-        os.replace(tmp, target)
-        for stale in target.parent.glob("_lookup-*.so"):  # builds of an older lookup.c
-            if stale != target:
-                stale.unlink(missing_ok=True)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,7 +34,7 @@ def load() -> ctypes.CDLL | None:
     if os.environ.get("EMBED_LOOKUP_KERNEL", "1") == "0":  # the torch path, for comparison
         return None
     try:
-        path = _library_path()
+        path = library_path()
         if not path.exists():
             path = build()
         lib = ctypes.CDLL(str(path))  # CDLL: the GIL is released during each call

@@ -217,11 +217,21 @@ def static_checks(report: Report, image: str, kind: str) -> None:
         assert want_cuda or version.endswith("+cpu"), out
         return f"torch {version}, CUDA {cuda}"
 
+    def lookup_kernel() -> str:
+        # Built in the image's build stage; loaded on a read-only root as the server does.
+        script = ("from service.engine import kernel; lib = kernel.load(); "
+                  "print(lib is not None, kernel.guarded(), kernel.library_path().name)")
+        out = docker("run", "--rm", "--network", "none", "--read-only", "--entrypoint",
+                     "/app/.venv/bin/python", image, "-c", script).stdout.split()
+        assert out[:2] == ["True", "True"], f"lookup kernel not served: {out}"
+        return f"one-pass lookup kernel {out[2]} loaded, SIGBUS guard installed"
+
     report.attempt("image user is the non-root uid", user)
     report.attempt("lean: nothing but the runtime", lean)
     report.attempt("venv made in the image", venv)
     report.attempt("size breakdown (du)", breakdown)
     report.attempt(f"{kind} torch build", torch_build)
+    report.attempt("lookup kernel from the build stage", lookup_kernel)
 
 
 def serve_checks(report: Report, image: str, label: str, work: Path) -> None:
