@@ -22,7 +22,8 @@ from service.dtypes import BY_WIRE
 from service.engine.admission import Admission, Admitter, Input, Options
 from service.engine.batcher import Batcher, Destination, Timing
 from service.engine.repository import LoadedModel, Repository
-from service.engine.shm import Caller, SharedMemoryRegistry, ShmPlan
+from service.engine.shm import Caller, SharedMemoryRegistry
+from service.engine.shm_plan import ShmPlan
 from service.engine.validation import Limits, check_text
 from service.metrics import Metrics
 

@@ -20,7 +20,7 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from service.engine.admission import Admission, Input, Inputs, Options
 from service.engine.engine import Engine
 from service.engine.repository import LoadedModel
-from service.engine.shm import ShmDestination
+from service.engine.shm_plan import ShmDestination
 from service.engine.validation import check_ids
 from service.format.tokenizer import TokenizerSpec
 from service.rpc import codec

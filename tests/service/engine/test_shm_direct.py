@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from client.shm import SharedMemoryRegion
-from service.engine.shm import Region, SharedMemoryRegistry
+from service.engine.shm import SharedMemoryRegistry
+from service.engine.shm_region import Region
 from service.engine.tables import COMPOSE_TOKEN_PLUS_POSITION, EmbeddingTables
 from service.errors import FailedPrecondition
 
