@@ -28,6 +28,7 @@ __all__ = ["main", "run"]
 def run(cfg: TrainConfig) -> tuple[TrainResult, Path | None]:
     """The whole job; returns the result and the exported version (rank 0, if exported)."""
     topo = distributed.setup(cfg.device)
+    cfg = cfg.resolved(topo.device.type)  # the export's provenance names what ran
     try:
         spec, ranks = gpt2_spec(), default_ranks_path()
         tokenizer = load_tokenizer(spec, ranks)

@@ -14,14 +14,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
-from training.loss import DEFAULT_CHUNK, HEAD_PRECISIONS
+from training.loss import DEFAULT_CHUNK, HEAD_PRECISIONS, auto_head_precision
 from training.model import POSITIONS, ModelConfig
 
-__all__ = ["ADAMW_IMPLS", "ENV_PREFIX", "TrainConfig", "parse_config"]
+__all__ = ["ADAMW_IMPLS", "ENV_PREFIX", "HEAD_CHOICES", "TrainConfig", "parse_config"]
 
 ENV_PREFIX = "EMBED_TRAIN_"
 # torch's three AdamW kernels: one loop per tensor, multi-tensor (foreach), one fused pass.
 ADAMW_IMPLS = ("single", "foreach", "fused")
+HEAD_CHOICES = ("auto", *HEAD_PRECISIONS)  # auto: resolved per device by TrainConfig.resolved
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,12 @@ class TrainConfig:
     sparse_embeddings: bool = False  # sparse table grads + SparseAdam: idle rows never move
     table_rows: int = 50304  # GPT-2's 50257 padded to a multiple of 64
     loss_chunk: int = DEFAULT_CHUNK  # rows per chunk of the fused head + loss; 0 = full logits
-    head_precision: str = "fp32"  # fp32 | bf16: the chunked head's training matmuls (loss.py)
+    # auto | fp32 | bf16: the chunked head's training matmuls (loss.py). auto = bf16 on a CPU
+    # with native bf16 (avx512_bf16/amx_bf16), else fp32; the resolved value is recorded.
+    head_precision: str = "auto"
+    # fp32 | bf16: CPU autocast of the blocks (attention, MLP) to bf16; the head keeps
+    # head_precision and the loss stays fp32 (measured as a lever: docs/training.md).
+    block_precision: str = "fp32"
     # optimisation
     batch_size: int = 8  # sequences per optimizer step (global, across all DDP ranks)
     grad_accum: int = 1  # micro-batches per step; each holds batch_size / grad_accum rows
@@ -86,16 +92,30 @@ class TrainConfig:
             raise ValueError("--max-steps must be > 0 and --warmup-steps >= 0")
         if self.adamw_impl not in ADAMW_IMPLS:
             raise ValueError(f"--adamw-impl {self.adamw_impl!r} not in {ADAMW_IMPLS}")
+        if self.block_precision not in HEAD_PRECISIONS:
+            raise ValueError(f"--block-precision {self.block_precision!r} not in "
+                             f"{HEAD_PRECISIONS}")
+        if self.head_precision not in HEAD_CHOICES:
+            raise ValueError(f"--head-precision {self.head_precision!r} not in {HEAD_CHOICES}")
         self.model_config(vocab_size=1)  # shape checks live in ModelConfig
 
-    def model_config(self, vocab_size: int) -> ModelConfig:
-        """The network shape for a tokenizer with ``vocab_size`` ids."""
+    def resolved(self, device_type: str) -> TrainConfig:
+        """This config with ``head_precision`` auto made concrete for ``device_type``."""
+        if self.head_precision != "auto":
+            return self
+        return dataclasses.replace(
+            self, head_precision=auto_head_precision(device_type, self.loss_chunk))
+
+    def model_config(self, vocab_size: int, device_type: str = "cpu") -> ModelConfig:
+        """The network shape for a tokenizer with ``vocab_size`` ids, its head precision
+        resolved for ``device_type`` (train() resolves the whole config first)."""
         return ModelConfig(vocab_size=vocab_size, table_rows=self.table_rows,
                            block_size=self.block_size, n_layer=self.n_layer,
                            n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout,
                            position=self.position, tie_weights=self.tie_weights,
                            sparse_embeddings=self.sparse_embeddings,
-                           loss_chunk=self.loss_chunk, head_precision=self.head_precision)
+                           loss_chunk=self.loss_chunk,
+                           head_precision=self.resolved(device_type).head_precision)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, recorded in the manifest's provenance."""
@@ -160,7 +180,8 @@ def parse_config(argv: Sequence[str] | None = None,
             kind = type(default)
             value = _from_env(parser, f.name, raw, kind, default)
             choices = {"position": POSITIONS, "adamw_impl": ADAMW_IMPLS,
-                       "head_precision": HEAD_PRECISIONS}.get(f.name)
+                       "head_precision": HEAD_CHOICES,
+                       "block_precision": HEAD_PRECISIONS}.get(f.name)
             parser.add_argument(_flag(f.name), type=kind, default=value, choices=choices,
                                 help=f"(default {value}; env {ENV_PREFIX}{f.name.upper()})")
     ns = vars(parser.parse_args(argv))

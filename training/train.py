@@ -30,7 +30,7 @@ from training.optim import build_optimizers, clip_grad_norm, lr_at
 from training.progress import progress_bar
 from training.state import TrainerState, load_resumable, save_state, state_path
 
-__all__ = ["Batches", "TrainResult", "evaluate", "train"]
+__all__ = ["Batches", "TrainResult", "block_autocast", "evaluate", "train"]
 
 
 class Batches:
@@ -89,6 +89,15 @@ class TrainResult:
     seconds: float = 0.0
 
 
+def block_autocast(device_type: str, block_precision: str
+                   ) -> contextlib.AbstractContextManager[object]:
+    """The forward's autocast: bf16 on CUDA always, on CPU with ``--block-precision bf16``
+    (the head's loss opts out of it: training/loss.py)."""
+    if device_type == "cuda" or block_precision == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def _rng_state(device: torch.device) -> torch.Tensor | None:
     return torch.cuda.get_rng_state(device) if device.type == "cuda" else None
 
@@ -99,13 +108,14 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
     started = time.perf_counter()
     topo = topo or distributed.setup(cfg.device)
     device = topo.device
+    cfg = cfg.resolved(device.type)  # --head-precision auto, as recorded in the state
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cfg.threads or max(1, cores // topo.local_world_size))
     if cfg.sparse_embeddings and topo.world_size > 1:
         raise UsageError("--sparse-embeddings is single-process only (DDP needs dense "
                          "grads): drop it, or run one process")
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model_config(tokenizer.n_vocab)).to(device)
+    model = GPT(cfg.model_config(tokenizer.n_vocab, device.type)).to(device)
     optimizers = build_optimizers(model, cfg)
     batches = Batches(data.train, cfg.block_size, cfg.seed)
     row_updates = torch.zeros(cfg.table_rows, dtype=torch.int64)
@@ -132,8 +142,7 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
         net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:
         net = torch.compile(net)  # type: ignore[assignment]
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else contextlib.nullcontext())
+    autocast = block_autocast(device.type, cfg.block_precision)
     per_rank = cfg.batch_size // topo.world_size
     if per_rank * topo.world_size != cfg.batch_size or per_rank % cfg.grad_accum:
         raise UsageError(f"--batch-size {cfg.batch_size} must split into {topo.world_size} "

@@ -13,7 +13,9 @@ from service.format.tokenizer import Tokenizer
 from tests.training.conftest import MakeConfig
 from training.config import TrainConfig
 from training.data import load_tokens
+from training.loss import auto_head_precision, cpu_has_native_bf16
 from training.model import GPT
+from training.state import load_state
 from training.train import Batches, TrainResult, train
 
 
@@ -76,13 +78,16 @@ def test_untouched_rows_are_bit_identical_to_init(
     assert (trained[used] != init[used]).any(dim=1).all()  # every used row moved
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_resume_is_exact(make_config: MakeConfig, tokenizer: Tokenizer, precision: str) -> None:
-    full = _run(make_config(name="full", head_precision=precision), tokenizer)
-    stopped = _run(make_config(name="split", stop_at=8, checkpoint_every=4,
-                               head_precision=precision), tokenizer)
+@pytest.mark.parametrize(("head", "blocks"), [("fp32", "fp32"), ("bf16", "fp32"),
+                                             ("bf16", "bf16")])
+def test_resume_is_exact(make_config: MakeConfig, tokenizer: Tokenizer, head: str,
+                         blocks: str) -> None:
+    precision = {"head_precision": head, "block_precision": blocks}
+    full = _run(make_config(name="full", **precision), tokenizer)
+    stopped = _run(make_config(name="split", stop_at=8, checkpoint_every=4, **precision),
+                   tokenizer)
     assert stopped.step == 8
-    resumed = _run(make_config(name="split", resume=True, head_precision=precision), tokenizer)
+    resumed = _run(make_config(name="split", resume=True, **precision), tokenizer)
     assert resumed.step == 20
     assert resumed.history == full.history  # every loss, val loss and lr, exactly
     assert resumed.train_loss == full.train_loss
@@ -111,8 +116,10 @@ def test_resume_if_present_starts_fresh_then_resumes_exactly(
 
 def test_grad_accumulation_matches_one_big_batch(make_config: MakeConfig,
                                                  tokenizer: Tokenizer) -> None:
-    one = _run(make_config(name="one", max_steps=5), tokenizer)
-    acc = _run(make_config(name="acc", max_steps=5, grad_accum=2), tokenizer)
+    # fp32 head: the bound is fp32 rounding (a bf16 head rounds each micro-batch's product)
+    one = _run(make_config(name="one", max_steps=5, head_precision="fp32"), tokenizer)
+    acc = _run(make_config(name="acc", max_steps=5, grad_accum=2, head_precision="fp32"),
+               tokenizer)
     a = [h["train_loss"] for h in one.history]
     b = [h["train_loss"] for h in acc.history]
     assert b == pytest.approx(a, rel=1e-5)
@@ -121,3 +128,15 @@ def test_grad_accumulation_matches_one_big_batch(make_config: MakeConfig,
 def test_config_rejects_uneven_accumulation() -> None:
     with pytest.raises(ValueError, match="not divisible by --grad-accum 3"):
         dataclasses.replace(TrainConfig(), batch_size=8, grad_accum=3)
+
+
+def test_the_state_records_the_head_precision_that_ran(
+        tiny_run: tuple[TrainConfig, TrainResult]) -> None:
+    """The default, auto, is resolved before the first step: the state (and so the
+    export's provenance) names bf16 or fp32, what this CPU got."""
+    cfg, result = tiny_run
+    assert cfg.head_precision == "auto"
+    assert result.state_file is not None
+    recorded = load_state(result.state_file).config["head_precision"]
+    assert recorded == auto_head_precision("cpu", cfg.loss_chunk)
+    assert recorded == ("bf16" if cpu_has_native_bf16() else "fp32")

@@ -34,6 +34,7 @@ from training.config import TrainConfig
 from training.model import GPT, flops_per_token
 from training.optim import build_optimizers, clip_grad_norm, lr_at
 from training.plot import PlotsUnavailable, pyplot
+from training.train import block_autocast
 
 __all__ = ["ANCHOR", "NANOGPT", "PHASES", "REFERENCE", "lever_variants", "peak_rss_bytes",
            "plot_breakdown", "run_anchor", "run_levers", "step_breakdown"]
@@ -44,7 +45,9 @@ ANCHOR = TrainConfig(n_layer=4, n_head=4, n_embd=128, block_size=128, batch_size
                      eval_tokens=1 << 20, export=False, name="anchor",
                      runs_dir="bench/results/runs")  # loss_chunk: DEFAULT_CHUNK = 512
 # What this project did before issue 13: full logits + F.cross_entropy, single-tensor AdamW.
-REFERENCE = dataclasses.replace(ANCHOR, loss_chunk=0, adamw_impl="single")
+REFERENCE = dataclasses.replace(ANCHOR, loss_chunk=0, adamw_impl="single", head_precision="fp32")
+TUNED = dataclasses.replace(ANCHOR, head_precision="fp32")  # chunk 512 + fused AdamW, fp32
+BF16_HEAD = dataclasses.replace(ANCHOR, head_precision="bf16")
 # nanoGPT at ANCHOR, measured on this machine kind (2 cores); the target is 2x untuned.
 NANOGPT = {"tokens_per_s": 1070.0, "tokens_per_s_tuned_malloc": 1600.0,
            "peak_rss_bytes": 2.2 * 2**30, "target_tokens_per_s": 2140.0,
@@ -95,6 +98,7 @@ class _Stepper:
 
     def __init__(self, cfg: TrainConfig, threads: int = 0) -> None:
         torch.manual_seed(cfg.seed)
+        cfg = cfg.resolved("cpu")  # --head-precision auto as a run on this CPU takes it
         self.cfg, self.threads = cfg, threads
         self.model = GPT(cfg.model_config(VOCAB_SIZE)).train()
         self.optimizers = build_optimizers(self.model, cfg)
@@ -111,7 +115,8 @@ class _Stepper:
             for group in opt.param_groups:
                 group["lr"] = lr_at(self.n, self.cfg)
         t0 = time.perf_counter()
-        hidden = self.model.hidden_states(xy[:, :-1])  # (B, T, C)
+        with block_autocast("cpu", self.cfg.block_precision):
+            hidden = self.model.hidden_states(xy[:, :-1])  # (B, T, C)
         t1 = time.perf_counter()
         loss = self.model.head_loss(hidden, xy[:, 1:])  # fused: includes the head's gradient
         t2 = time.perf_counter()
@@ -150,12 +155,14 @@ def lever_variants(compile_: bool = False) -> dict[str, tuple[TrainConfig, int]]
            "foreach AdamW": (dataclasses.replace(REFERENCE, adamw_impl="foreach"), 0),
            "fused AdamW": (dataclasses.replace(REFERENCE, adamw_impl="fused"), 0),
            "1 thread": (REFERENCE, 1),
-           "tuned (ANCHOR: chunk 512 + fused)": (ANCHOR, 0),
-           "tuned + bf16 head": (dataclasses.replace(ANCHOR, head_precision="bf16"), 0),
-           "tuned + bf16 head, 1 thread": (dataclasses.replace(ANCHOR, head_precision="bf16"),
-                                           1)}
+           "tuned (chunk 512 + fused, fp32 head)": (TUNED, 0),
+           "tuned + bf16 head": (BF16_HEAD, 0),
+           "tuned + bf16 head, 1 thread": (BF16_HEAD, 1),
+           "tuned + bf16 head + bf16 blocks": (
+               dataclasses.replace(BF16_HEAD, block_precision="bf16"), 0)}
     if compile_:
-        out["tuned + torch.compile"] = (dataclasses.replace(ANCHOR, compile=True), 0)
+        out["tuned + bf16 head + torch.compile"] = (
+            dataclasses.replace(BF16_HEAD, compile=True), 0)
     return out
 
 
@@ -233,7 +240,7 @@ def run_anchor(steps: int, breakdown_steps: int, out: Path, threads: int = 0
     """
     run = whole_run(dataclasses.replace(ANCHOR, threads=threads), steps)
     peak_flops = peak_matmul_flops(torch.device("cpu"))[0]  # after: its buffers add RSS
-    per_token = flops_per_token(GPT(ANCHOR.model_config(VOCAB_SIZE)))
+    per_token = flops_per_token(GPT(ANCHOR.resolved("cpu").model_config(VOCAB_SIZE)))
     mfu = per_token * run["tokens_per_s"] / peak_flops
     ref = NANOGPT
     print(f"\n{'anchor whole run':<24}{'this project':>14}{'nanoGPT':>10}{'target':>10}")
@@ -252,14 +259,14 @@ def run_anchor(steps: int, breakdown_steps: int, out: Path, threads: int = 0
     print(f"val loss at step {run['steps']}: {run['val_loss']:.4f} "
           f"(unigram {run['unigram_val_loss']:.4f}); {run['seconds']:.0f} s wall, "
           f"load {run['load_average_start'][0]:.1f} -> {run['load_average_end'][0]:.1f}")
-    breakdown = step_breakdown({"reference": REFERENCE, "tuned": ANCHOR}, breakdown_steps)
+    breakdown = step_breakdown({"reference": REFERENCE, "default": ANCHOR}, breakdown_steps)
     for name, phases in breakdown.items():
         print(f"{name:<10}" + "".join(f"{ph} {1e3 * s:.0f} ms  " for ph, s in phases.items()))
     try:
         png: Path | str = plot_breakdown(breakdown, out.with_suffix(".png"))
     except PlotsUnavailable as e:  # the figures above and the JSON are the result
         png = f"no plot: {e}"
-    report = {"config": dataclasses.replace(ANCHOR, threads=threads).to_dict(),
+    report = {"config": dataclasses.replace(ANCHOR.resolved("cpu"), threads=threads).to_dict(),
               "nanogpt": ref, "whole_run": run, "mfu": mfu,
               "peak_fp32_matmul_flops": peak_flops, "flops_per_token": per_token,
               "breakdown_s": breakdown, "plot": str(png)}
