@@ -71,6 +71,7 @@ _JSON = "application/json"
 _BINARY = "application/octet-stream"
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 Handler = Callable[[web.BaseRequest, dict[str, str], Call], Awaitable[web.StreamResponse]]
+SLOT = web.RequestKey("slot", Slot)  # the request's in-flight slot, for infer's budget wait
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class HttpFront:
         slot = self.slots.take()
         if slot is None:
             return error_response(429, self.slots.full_message()), None
-        request["slot"] = slot  # infer gives it back while it waits for budget
+        request[SLOT] = slot  # infer gives it back while it waits for budget
         try:
             return await self._framed(route, call, body, attributes, request, headers), slot
         except BaseException:
@@ -309,7 +310,7 @@ class HttpFront:
         # The answer's bytes are held before its output is allocated (past
         # --max-unsent-bytes: a second's wait without the slot, then 429) and given back
         # once sent.
-        held = await self.slots.hold(request["slot"], answer_bound(infer, admission))
+        held = await self.slots.hold(request[SLOT], answer_bound(infer, admission))
         try:
             plan = plan_response(infer, admission)
             writer = plan.writer

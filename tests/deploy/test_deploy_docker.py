@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from service.engine import kernel_build
 from service.server import ServerHandle
 from tests.deploy.conftest import DEPLOY, REPO
 from tests.tiny_model import start
@@ -55,7 +56,11 @@ def _install_step(name: str) -> str:
 @pytest.mark.parametrize("name", DOCKERFILES)
 def test_instructions(name: str) -> None:
     assert _args(name)["PYTHON_IMAGE"] == "python:3.11-slim"
-    assert _one(name, "FROM") == "${PYTHON_IMAGE}"
+    # A build stage for the lookup kernel, then the runtime stage (no compiler in it).
+    assert [r for w, r in _instructions(name) if w == "FROM"] == [
+        "${PYTHON_IMAGE} AS kernel", "${PYTHON_IMAGE}"]
+    copies = [r for w, r in _instructions(name) if w == "COPY"]
+    assert "--from=kernel /kernel/ /app/service/engine/" in copies
     assert _one(name, "USER") == "10001:10001"
     assert _one(name, "EXPOSE") == "50051 8000 9464"
     assert json.loads(_one(name, "VOLUME")) == ["/models"]
@@ -66,6 +71,32 @@ def test_instructions(name: str) -> None:
     assert "EMBED_HOST=0.0.0.0" in env
     device = "cuda" if name.endswith("cuda") else "cpu"
     assert f"EMBED_DEVICE={device}" in env
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_the_kernel_stage_builds_the_library_the_server_loads(name: str,
+                                                             tmp_path: Path) -> None:
+    """The stage's own steps, run here: the two files it copies, alone in a folder, and its
+    build command with a bare Python (no torch, no project on the path) give the
+    file name ``kernel.load`` looks for in /app/service/engine/."""
+    steps = [r for w, r in _instructions(name) if w in ("COPY", "RUN")]
+    copy = next(r for r in steps if r.endswith(" /src/"))
+    build = next(r for r in steps if "kernel_build.py" in r and not r.endswith(" /src/"))
+    assert build == "python /src/kernel_build.py /kernel"
+    src = tmp_path / "src"
+    src.mkdir()
+    for rel in copy.split()[:-1]:
+        shutil.copy(REPO / rel, src)
+    assert sorted(p.name for p in src.iterdir()) == ["kernel_build.py", "lookup.c"]
+    # -I -S: no site-packages (so no torch), no project on the path, as in the stage
+    out = subprocess.run([sys.executable, "-I", "-S", str(src / "kernel_build.py"),
+                          str(tmp_path / "kernel")], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    built = Path(out.stdout.strip())
+    assert built.parent == tmp_path / "kernel"
+    assert built.name == kernel_build.library_path().name
+    assert oct(built.stat().st_mode & 0o777) == "0o644"  # readable by the image's uid 10001
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)

@@ -115,11 +115,14 @@ def test_a_body_is_read_in_linear_time_however_framed(guarded: ServerHandle) -> 
                        ("chunked 4 KiB", lambda: _chunked(port, body, 4096)),
                        ("chunked 4 KiB, quarter", lambda: _chunked(port, body[-8 * MIB:],
                                                                    4096))):
-        cpu = loop_cpu(guarded)
-        answer = send()
-        costs[name] = loop_cpu(guarded) - cpu
-        assert answer.startswith(b"HTTP/1.1 400 "), answer
-        assert answer.endswith(b'{"error": "request body must be a JSON object"}'), answer
+        tries = []
+        for _ in range(3):  # the least of 3: a collection or a neighbour adds, never takes
+            cpu = loop_cpu(guarded)
+            answer = send()
+            tries.append(loop_cpu(guarded) - cpu)
+            assert answer.startswith(b"HTTP/1.1 400 "), answer
+            assert answer.endswith(b'{"error": "request body must be a JSON object"}'), answer
+        costs[name] = min(tries)
     # Before: 32 MiB chunked took seconds (the body grew by concatenation, quadratic).
     assert costs["chunked 4 KiB"] < 1.5, costs
     assert costs["chunked 4 KiB"] < 8 * costs["chunked 4 KiB, quarter"] + 0.1, costs
