@@ -82,7 +82,7 @@ def test_the_kernel_stage_builds_the_library_the_server_loads(name: str,
     steps = [r for w, r in _instructions(name) if w in ("COPY", "RUN")]
     copy = next(r for r in steps if r.endswith(" /src/"))
     build = next(r for r in steps if "kernel_build.py" in r and not r.endswith(" /src/"))
-    assert build == "python /src/kernel_build.py /kernel"
+    assert build == "python3 /src/kernel_build.py /kernel"
     src = tmp_path / "src"
     src.mkdir()
     for rel in copy.split()[:-1]:
