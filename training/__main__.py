@@ -28,13 +28,13 @@ __all__ = ["main", "run"]
 def run(cfg: TrainConfig) -> tuple[TrainResult, Path | None]:
     """The whole job; returns the result and the exported version (rank 0, if exported)."""
     topo = distributed.setup(cfg.device)
-    cfg = cfg.resolved(topo.device.type)  # the export's provenance names what ran
     try:
         spec, ranks = gpt2_spec(), default_ranks_path()
         tokenizer = load_tokenizer(spec, ranks)
         data = load_tokens(cfg.data, tokenizer, Path(cfg.cache_dir), cfg.val_fraction,
                            progress=cfg.progress and topo.is_main)
         result = train(cfg, tokenizer, data, topo)
+        cfg = result.config  # as it ran: the export's provenance names it
         version_dir = None
         if topo.is_main:
             try:

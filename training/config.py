@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NoReturn
@@ -17,12 +18,21 @@ from typing import Any, NoReturn
 from training.loss import DEFAULT_CHUNK, HEAD_PRECISIONS, auto_head_precision
 from training.model import POSITIONS, ModelConfig
 
-__all__ = ["ADAMW_IMPLS", "ENV_PREFIX", "HEAD_CHOICES", "TrainConfig", "parse_config"]
+__all__ = ["ADAMW_IMPLS", "ENV_PREFIX", "HEAD_CHOICES", "TrainConfig", "compiler_available",
+           "parse_config"]
 
 ENV_PREFIX = "EMBED_TRAIN_"
 # torch's three AdamW kernels: one loop per tensor, multi-tensor (foreach), one fused pass.
 ADAMW_IMPLS = ("single", "foreach", "fused")
 HEAD_CHOICES = ("auto", *HEAD_PRECISIONS)  # auto: resolved per device by TrainConfig.resolved
+
+
+def compiler_available(device_type: str) -> bool:
+    """Whether torch.compile's backend can build code here: inductor writes C++ for CPU
+    kernels and needs a C compiler for CUDA's launchers ($CXX/$CC count too)."""
+    needed = ("g++", "c++") if device_type == "cpu" else ("cc", "gcc")
+    named = [os.environ[v] for v in ("CXX", "CC") if os.environ.get(v)]
+    return any(shutil.which(c) for c in (*named, *needed))
 
 
 @dataclass(frozen=True)
@@ -74,7 +84,11 @@ class TrainConfig:
     resume_if_present: bool = False
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    compile: bool = False  # torch.compile the model (CUDA runs; slow to start on CPU)
+    compile: bool = False  # torch.compile the model, whatever the run's length
+    # Runs of at least this many steps compile where a compiler is present: ~30 s of
+    # compiling pays for itself after ~300 steps at the anchor config (docs/training.md);
+    # 0 = only with --compile. Resolved per run, recorded as what ran.
+    compile_min_steps: int = 400
     threads: int = 0  # torch intra-op threads; 0 = all cores of this process
     out_repository: str = "models"  # the model repository the service reads
     name: str = "default"  # model name: writes <out_repository>/<name>/<N+1>/
@@ -100,11 +114,16 @@ class TrainConfig:
         self.model_config(vocab_size=1)  # shape checks live in ModelConfig
 
     def resolved(self, device_type: str) -> TrainConfig:
-        """This config with ``head_precision`` auto made concrete for ``device_type``."""
-        if self.head_precision != "auto":
+        """This config as it runs on ``device_type``: ``head_precision`` auto made
+        concrete, ``compile`` true where wanted (asked, or a run of ``compile_min_steps``
+        or more) and a compiler is there to build its code."""
+        head = (auto_head_precision(device_type, self.loss_chunk)
+                if self.head_precision == "auto" else self.head_precision)
+        wanted = self.compile or 0 < self.compile_min_steps <= self.max_steps
+        compile_ = wanted and compiler_available(device_type)
+        if (head, compile_) == (self.head_precision, self.compile):
             return self
-        return dataclasses.replace(
-            self, head_precision=auto_head_precision(device_type, self.loss_chunk))
+        return dataclasses.replace(self, head_precision=head, compile=compile_)
 
     def model_config(self, vocab_size: int, device_type: str = "cpu") -> ModelConfig:
         """The network shape for a tokenizer with ``vocab_size`` ids, its head precision
@@ -115,7 +134,9 @@ class TrainConfig:
                            position=self.position, tie_weights=self.tie_weights,
                            sparse_embeddings=self.sparse_embeddings,
                            loss_chunk=self.loss_chunk,
-                           head_precision=self.resolved(device_type).head_precision)
+                           head_precision=(
+                               auto_head_precision(device_type, self.loss_chunk)
+                               if self.head_precision == "auto" else self.head_precision))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, recorded in the manifest's provenance."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,7 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     state_file: Path | None = None
     seconds: float = 0.0
+    config: TrainConfig = field(default_factory=TrainConfig)  # as it ran (resolved)
 
 
 def block_autocast(device_type: str, block_precision: str
@@ -108,7 +110,12 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
     started = time.perf_counter()
     topo = topo or distributed.setup(cfg.device)
     device = topo.device
-    cfg = cfg.resolved(device.type)  # --head-precision auto, as recorded in the state
+    asked = cfg.compile
+    cfg = cfg.resolved(device.type)  # head precision and compile as they run and are recorded
+    if asked and not cfg.compile:
+        print("python -m training: warning: --compile: no compiler for torch.compile's code "
+              f"({'g++ or c++' if device.type == 'cpu' else 'cc or gcc'} not found); "
+              "training eagerly", file=sys.stderr, flush=True)
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cfg.threads or max(1, cores // topo.local_world_size))
     if cfg.sparse_embeddings and topo.world_size > 1:
@@ -211,5 +218,5 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
     return TrainResult(model=model, step=step, tokens=tokens, train_loss=train_loss,
                        val_loss=val_loss, unigram_val_loss=unigram, row_updates=row_updates,
                        corpus_sha256=data.corpus_sha256, history=history,
-                       state_file=path if topo.is_main else None,
+                       state_file=path if topo.is_main else None, config=cfg,
                        seconds=time.perf_counter() - started)

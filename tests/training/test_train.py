@@ -11,7 +11,7 @@ import torch
 
 from service.format.tokenizer import Tokenizer
 from tests.training.conftest import MakeConfig
-from training.config import TrainConfig
+from training.config import TrainConfig, compiler_available
 from training.data import load_tokens
 from training.loss import auto_head_precision, cpu_has_native_bf16
 from training.model import GPT
@@ -140,3 +140,54 @@ def test_the_state_records_the_head_precision_that_ran(
     recorded = load_state(result.state_file).config["head_precision"]
     assert recorded == auto_head_precision("cpu", cfg.loss_chunk)
     assert recorded == ("bf16" if cpu_has_native_bf16() else "fp32")
+
+
+def test_compile_without_a_compiler_trains_eagerly_with_one_warning(
+        make_config: MakeConfig, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--compile where no C++ compiler is (the runtime image): the same run as without
+    it, bit for bit, and one line saying so; nothing fails at the first step."""
+    eager = _run(make_config(name="eager", max_steps=3), tokenizer)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr("training.config.shutil.which", lambda name: None)
+    fallback = _run(make_config(name="fallback", max_steps=3, compile=True), tokenizer)
+    assert capsys.readouterr().err.count(
+        "python -m training: warning: --compile: no compiler for torch.compile's code "
+        "(g++ or c++ not found); training eagerly") == 1
+    assert fallback.history == eager.history
+    for (name, a), b in zip(eager.model.state_dict().items(),
+                            fallback.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.slow
+def test_a_compiled_run_resumes_exactly(make_config: MakeConfig, tokenizer: Tokenizer) -> None:
+    """torch.compile (as long runs get it by default where a compiler is): stop at 8 and
+    resume, every loss and weight equal to the uninterrupted compiled run."""
+    if not compiler_available("cpu"):
+        pytest.skip("no C++ compiler: --compile trains eagerly (tested above)")
+    full = _run(make_config(name="full-c", compile=True), tokenizer)
+    stopped = _run(make_config(name="split-c", stop_at=8, checkpoint_every=4, compile=True),
+                   tokenizer)
+    resumed = _run(make_config(name="split-c", resume=True, compile=True), tokenizer)
+    assert (stopped.step, resumed.step) == (8, 20)
+    assert load_state(resumed.state_file).config["compile"] is True  # type: ignore[arg-type]
+    assert resumed.history == full.history
+    for (name, a), b in zip(full.model.state_dict().items(),
+                            resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_long_runs_compile_where_a_compiler_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run-length rule, resolved as the run records it."""
+    long, short = TrainConfig(max_steps=600), TrainConfig(max_steps=100)
+    monkeypatch.setattr("training.config.shutil.which", lambda name: f"/usr/bin/{name}")
+    assert long.resolved("cpu").compile is True
+    assert short.resolved("cpu").compile is False
+    assert dataclasses.replace(long, compile_min_steps=0).resolved("cpu").compile is False
+    assert dataclasses.replace(short, compile=True).resolved("cpu").compile is True
+    monkeypatch.setattr("training.config.shutil.which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    assert long.resolved("cpu").compile is False  # no compiler: eager, recorded so

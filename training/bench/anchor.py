@@ -98,7 +98,9 @@ class _Stepper:
 
     def __init__(self, cfg: TrainConfig, threads: int = 0) -> None:
         torch.manual_seed(cfg.seed)
-        cfg = cfg.resolved("cpu")  # --head-precision auto as a run on this CPU takes it
+        # --head-precision auto as a run on this CPU takes it; compile only where a variant
+        # asks (run_levers compiles its blocks), never by the run-length rule
+        cfg = dataclasses.replace(cfg, head_precision=cfg.resolved("cpu").head_precision)
         self.cfg, self.threads = cfg, threads
         self.model = GPT(cfg.model_config(VOCAB_SIZE)).train()
         self.optimizers = build_optimizers(self.model, cfg)
@@ -266,7 +268,7 @@ def run_anchor(steps: int, breakdown_steps: int, out: Path, threads: int = 0
         png: Path | str = plot_breakdown(breakdown, out.with_suffix(".png"))
     except PlotsUnavailable as e:  # the figures above and the JSON are the result
         png = f"no plot: {e}"
-    report = {"config": dataclasses.replace(ANCHOR.resolved("cpu"), threads=threads).to_dict(),
+    report = {"config": dataclasses.replace(ANCHOR, threads=threads).resolved("cpu").to_dict(),
               "nanogpt": ref, "whole_run": run, "mfu": mfu,
               "peak_fp32_matmul_flops": peak_flops, "flops_per_token": per_token,
               "breakdown_s": breakdown, "plot": str(png)}
