@@ -19,7 +19,7 @@ from training.loss import DEFAULT_CHUNK, HEAD_PRECISIONS, auto_head_precision
 from training.model import POSITIONS, ModelConfig
 
 __all__ = ["ADAMW_IMPLS", "ENV_PREFIX", "HEAD_CHOICES", "TrainConfig", "compiler_available",
-           "parse_config"]
+           "compilers_for", "parse_config"]
 
 ENV_PREFIX = "EMBED_TRAIN_"
 # torch's three AdamW kernels: one loop per tensor, multi-tensor (foreach), one fused pass.
@@ -27,12 +27,16 @@ ADAMW_IMPLS = ("single", "foreach", "fused")
 HEAD_CHOICES = ("auto", *HEAD_PRECISIONS)  # auto: resolved per device by TrainConfig.resolved
 
 
+def compilers_for(device_type: str) -> tuple[str, ...]:
+    """What torch.compile's backend builds its code with: inductor writes C++ for CPU
+    kernels and needs a C compiler for CUDA's launchers."""
+    return ("g++", "c++") if device_type == "cpu" else ("cc", "gcc")
+
+
 def compiler_available(device_type: str) -> bool:
-    """Whether torch.compile's backend can build code here: inductor writes C++ for CPU
-    kernels and needs a C compiler for CUDA's launchers ($CXX/$CC count too)."""
-    needed = ("g++", "c++") if device_type == "cpu" else ("cc", "gcc")
+    """Whether one of ``compilers_for(device_type)`` (or $CXX/$CC) is on this machine."""
     named = [os.environ[v] for v in ("CXX", "CC") if os.environ.get(v)]
-    return any(shutil.which(c) for c in (*named, *needed))
+    return any(shutil.which(c) for c in (*named, *compilers_for(device_type)))
 
 
 @dataclass(frozen=True)
@@ -117,13 +121,18 @@ class TrainConfig:
         """This config as it runs on ``device_type``: ``head_precision`` auto made
         concrete, ``compile`` true where wanted (asked, or a run of ``compile_min_steps``
         or more) and a compiler is there to build its code."""
-        head = (auto_head_precision(device_type, self.loss_chunk)
-                if self.head_precision == "auto" else self.head_precision)
+        head = self.head_for(device_type)
         wanted = self.compile or 0 < self.compile_min_steps <= self.max_steps
         compile_ = wanted and compiler_available(device_type)
         if (head, compile_) == (self.head_precision, self.compile):
             return self
         return dataclasses.replace(self, head_precision=head, compile=compile_)
+
+    def head_for(self, device_type: str) -> str:
+        """``head_precision`` as a run on ``device_type`` takes it (auto made concrete)."""
+        if self.head_precision == "auto":
+            return auto_head_precision(device_type, self.loss_chunk)
+        return self.head_precision
 
     def model_config(self, vocab_size: int, device_type: str = "cpu") -> ModelConfig:
         """The network shape for a tokenizer with ``vocab_size`` ids, its head precision
@@ -134,9 +143,7 @@ class TrainConfig:
                            position=self.position, tie_weights=self.tie_weights,
                            sparse_embeddings=self.sparse_embeddings,
                            loss_chunk=self.loss_chunk,
-                           head_precision=(
-                               auto_head_precision(device_type, self.loss_chunk)
-                               if self.head_precision == "auto" else self.head_precision))
+                           head_precision=self.head_for(device_type))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, recorded in the manifest's provenance."""

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from service.format.tokenizer import Tokenizer
 from training import distributed
 from training.baseline import unigram_cross_entropy
-from training.config import TrainConfig
+from training.config import TrainConfig, compilers_for
 from training.data import TokenData
 from training.errors import UsageError
 from training.model import GPT
@@ -114,8 +114,8 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
     cfg = cfg.resolved(device.type)  # head precision and compile as they run and are recorded
     if asked and not cfg.compile:
         print("python -m training: warning: --compile: no compiler for torch.compile's code "
-              f"({'g++ or c++' if device.type == 'cpu' else 'cc or gcc'} not found); "
-              "training eagerly", file=sys.stderr, flush=True)
+              f"({' or '.join(compilers_for(device.type))} not found); training eagerly",
+              file=sys.stderr, flush=True)
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cfg.threads or max(1, cores // topo.local_world_size))
     if cfg.sparse_embeddings and topo.world_size > 1:

@@ -100,7 +100,7 @@ class _Stepper:
         torch.manual_seed(cfg.seed)
         # --head-precision auto as a run on this CPU takes it; compile only where a variant
         # asks (run_levers compiles its blocks), never by the run-length rule
-        cfg = dataclasses.replace(cfg, head_precision=cfg.resolved("cpu").head_precision)
+        cfg = dataclasses.replace(cfg, head_precision=cfg.head_for("cpu"))
         self.cfg, self.threads = cfg, threads
         self.model = GPT(cfg.model_config(VOCAB_SIZE)).train()
         self.optimizers = build_optimizers(self.model, cfg)
@@ -242,7 +242,7 @@ def run_anchor(steps: int, breakdown_steps: int, out: Path, threads: int = 0
     """
     run = whole_run(dataclasses.replace(ANCHOR, threads=threads), steps)
     peak_flops = peak_matmul_flops(torch.device("cpu"))[0]  # after: its buffers add RSS
-    per_token = flops_per_token(GPT(ANCHOR.resolved("cpu").model_config(VOCAB_SIZE)))
+    per_token = flops_per_token(GPT(ANCHOR.model_config(VOCAB_SIZE)))
     mfu = per_token * run["tokens_per_s"] / peak_flops
     ref = NANOGPT
     print(f"\n{'anchor whole run':<24}{'this project':>14}{'nanoGPT':>10}{'target':>10}")
