@@ -34,6 +34,7 @@ import grpc
 import numpy as np
 import torch
 
+from bench.servers import GLIBC_TUNABLES, child_env
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.format.checkpoint import write_checkpoint
@@ -91,13 +92,8 @@ def _free_port() -> int:
         return port
 
 
-# scripts/serve.sh's malloc settings: without them glibc hands each multi-MB response
-# buffer back to the OS and faults it in again per request (docs/performance.md).
-GLIBC_TUNABLES = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=536870912"
-
-
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "GLIBC_TUNABLES": GLIBC_TUNABLES}
+    return child_env(GLIBC_TUNABLES)
 
 
 def _startup(repo: Path) -> float:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import grpc
 import numpy as np
 
 from bench.model import ensure_model
-from bench.servers import GLIBC_TUNABLES, ServerProcess, free_port, wait_serving
+from bench.servers import GLIBC_TUNABLES, ServerProcess, child_env, free_port, wait_serving
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 
@@ -53,10 +52,7 @@ def _minflt(pid: int) -> int:
 
 
 def _launch(repo: Path, port: int, tunables: bool, workers: int = 1) -> ServerProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable}
-    env.pop("GLIBC_TUNABLES", None)
-    if tunables:
-        env["GLIBC_TUNABLES"] = GLIBC_TUNABLES
+    env = child_env(GLIBC_TUNABLES if tunables else None)
     argv = [sys.executable, "-m", "service", "--model-repository", str(repo / "models"),
             "--grpc-port", str(port), "--http-port", "-1", "--metrics-port", "-1",
             "--poll-seconds", "0",

@@ -43,13 +43,13 @@ from typing import Any
 import aiohttp
 
 from bench.plot import plot_http
+from bench.servers import child_env
 from training.plot import PlotsUnavailable
 
 __all__ = ["Cell", "cell_ids", "cells", "free_port", "main", "request_body", "run_load", "spawn",
            "write_model"]
 
 C, MAX_SEQ_LEN, MODEL = 768, 1024, "bench"
-TUNABLES = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=536870912"
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -139,7 +139,7 @@ def free_port() -> int:
 
 def spawn(args: list[str], ready: str) -> subprocess.Popen[str]:
     """``python ARGS`` with the entrypoint's malloc tunables, once it prints ``ready``."""
-    env = {**os.environ, "GLIBC_TUNABLES": TUNABLES, "PYTHONPATH": str(_ROOT)}
+    env = child_env()
     proc = subprocess.Popen([sys.executable, *args], cwd=_ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None

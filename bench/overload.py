@@ -41,7 +41,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.model import MODEL_NAME, VOCAB_SIZE, ensure_model
-from bench.servers import GLIBC_TUNABLES, ServerProcess, free_port, stop_servers, wait_serving
+from bench.servers import ServerProcess, child_env, free_port, stop_servers, wait_serving
 from bench.slow_reader import format_row as format_slow_row
 from bench.slow_reader import run_slow_readers
 from bench.slow_reader_http import format_rest_row, infer_body, run_rest_slow_readers
@@ -88,8 +88,7 @@ def _launch(args: argparse.Namespace, repo: Path, queue_tokens: int | None = Non
             http_port: int = -1, extra: Sequence[str] = ()) -> ServerProcess:
     port = free_port()
     queue = args.max_queue_tokens if queue_tokens is None else queue_tokens
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
+    env = child_env()
     batch = min(queue, 16384)  # the server needs batch <= queue budget
     argv = [sys.executable, "-m", "service", "--model-repository", str(repo / "models"),
             "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", str(http_port),

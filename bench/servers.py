@@ -21,7 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.config import BenchConfig
 from bench.model import MODEL_NAME
 
-__all__ = ["GLIBC_TUNABLES", "ROOT", "ServerProcess", "free_port", "launch", "start_servers",
+__all__ = ["GLIBC_TUNABLES", "ROOT", "ServerProcess", "child_env", "free_port", "launch",
+           "start_servers",
            "stop_servers", "wait_serving"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,9 +47,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _env() -> dict[str, str]:
+def child_env(tunables: str | None = GLIBC_TUNABLES) -> dict[str, str]:
+    """The environment for a bench child: this checkout first on PYTHONPATH, the caller's after.
+
+    Keeping the caller's PYTHONPATH is what lets a child import the wheels that scripts/gpu.sh
+    installs beside the GPU image's own packages. ``tunables=None`` runs the child with
+    glibc's default malloc (bench.footprint's comparison).
+    """
     env = dict(os.environ)
-    env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
+    if tunables is None:
+        env.pop("GLIBC_TUNABLES", None)
+    else:
+        env.setdefault("GLIBC_TUNABLES", tunables)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["PYTHON"] = sys.executable  # scripts/serve.sh runs the service with this interpreter
     return env
@@ -59,7 +69,8 @@ def launch(name: str, argv: list[str], port: int, log_dir: Path) -> ServerProces
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     with log.open("wb") as fh:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), stdout=fh,
+                                stderr=subprocess.STDOUT)
     return ServerProcess(name, f"127.0.0.1:{port}", proc, log)
 
 

@@ -14,7 +14,6 @@ checkpoint was just written), as on a restart.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.servers import child_env
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.format.checkpoint import write_checkpoint
@@ -111,7 +111,7 @@ def main() -> None:
         for n in args.workers:
             port = _free_port()
             target = f"127.0.0.1:{port}"
-            env = {**os.environ, "EMBED_LOG_FORMAT": "text"}
+            env = {**child_env(), "EMBED_LOG_FORMAT": "text"}
             t0 = time.monotonic()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "service", "--model-repository", str(repo),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import cpu_profile, worker_memory
+from bench import cpu_profile, gpu_gather, worker_memory
 
 
 def test_cpu_profile_times_every_stage_of_every_cell(tmp_path: Path) -> None:
@@ -31,3 +31,22 @@ def test_worker_memory_measures_an_empty_repository(tmp_path: Path) -> None:
     assert len(result["pss_mb"]) == 1
     assert 50 < result["total_pss_mb"] < 2000  # a Python + torch runtime, no table
     assert result["startup_s"] > 0
+
+
+def test_gpu_gather_times_every_stage_and_checks_the_answers(tmp_path: Path) -> None:
+    out = tmp_path / "gather.json"
+    assert gpu_gather.main(["--device", "cpu", "--reps", "2", "--scale", "64", "--T", "64",
+                            "--batches", "1", "3", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu"
+    rows = report["results"]
+    assert [(r["table"], r["batch"], r["dtype"]) for r in rows] == [
+        ("gpt2", 1, "torch.float32"), ("gpt2", 3, "torch.float32"),
+        ("llama3", 1, "torch.bfloat16"), ("llama3", 3, "torch.bfloat16")]
+    for r in rows:
+        assert r["exact"] is True  # the engine's answer equals gather + fp32 add + cast
+        assert r["answer_bytes"] == r["batch"] * 64 * r["C"] * (4 if r["table"] == "gpt2" else 2)
+        assert r["copy"]["vs_copy"] == 1.0
+        for stage in ("gather", "device", "d2h", "embed_into"):
+            assert r[stage]["median_us"] > 0
+            assert r[stage]["GB_per_s"] > 0

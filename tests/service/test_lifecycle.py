@@ -83,6 +83,9 @@ def test_bad_version_refused_previous_keeps_serving(tmp_path: Path,
             assert stub.Embed(GOOD).version == 1  # the previous version keeps serving
             shutil.move(str(make_checkpoint(staging, version=3, seed=6)), repo / "tiny" / "3")
             wait_for(lambda: stub.Embed(GOOD).version == 3)
+        # The gauges are published on the loop just after the swap, which requests can
+        # already see: wait for them rather than race them under load.
+        wait_for(lambda: 'version="3"' in scrape(handle))
         metrics = scrape(handle)
         assert 'embed_model_loads_total{model="tiny",result="error"} 1.0' in metrics
         assert 'embed_model_loads_total{model="tiny",result="ok"} 2.0' in metrics
