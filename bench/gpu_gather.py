@@ -5,11 +5,13 @@
 Issue 28's GPU item: how close the service's device half (``EmbeddingTables._embed_device``:
 gather, fp32 add, cast) and the whole ``embed_into`` (that, one D2H copy into pinned memory,
 one copy into the response) come to the memory they run on. Per table (GPT-2: 50257 x 768
-fp32; Llama-3: 128256 x 4096 bf16) and batch (1 x 1024 and 16 x 1024 tokens, random ids):
+fp32; Llama-3: 128256 x 4096 bf16) and batch (1 x 16, 1 x 1024 and 16 x 1024 tokens,
+random ids; the 16-token answer shows the fixed cost per batch):
 
 - ``copy``: a device-to-device copy of the answer's bytes: the HBM ceiling, in this run;
 - ``gather``: ``token_table[ids]`` alone;
-- ``device``: gather + position add + cast to the answer dtype, as the engine runs it;
+- ``device``: gather + position add in the answer's (the table's) dtype, as the engine
+  runs it;
 - ``d2h``: the answer's bytes into pinned host memory: the link's ceiling;
 - ``embed_into``: the engine's whole call, answers written into host tensors.
 
@@ -85,10 +87,10 @@ def measure(name: str, device: torch.device, batch: int, T: int, reps: int,
     tt, pt = tables.token_table, tables.position_table
     assert pt is not None
 
-    def device_half() -> torch.Tensor:
-        x = tt[ids_dev].float()  # (N, C)
-        x += pt[pos_dev].float()  # (N, C) fp32 add
-        return x.to(dtype)  # (N, C)
+    def device_half() -> torch.Tensor:  # as _embed_device runs it for an answer in table dtype
+        x = tt[ids_dev]  # (N, C)
+        x += pt[pos_dev]  # (N, C), added in fp32 and rounded once by torch
+        return x
 
     stages: dict[str, tuple[Callable[[], object], int]] = {
         "copy": (lambda: dst.copy_(src), 2 * answer),
@@ -119,24 +121,25 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--reps", type=int, default=20, help="timed runs per stage (median)")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 16], help="sequences per call")
-    p.add_argument("--T", type=int, default=1024, help="tokens per sequence")
+    p.add_argument("--cases", nargs="+", default=["1x16", "1x1024", "16x1024"],
+                   help="BATCHxT: sequences per call and tokens per sequence")
     p.add_argument("--scale", type=int, default=1, help="divide the tables' rows (smoke runs)")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"gather bandwidth on {name}, medians of {args.reps}; GB/s (ratio to copy)")
-    print(f"{'table':7} {'batch':>5} {'MiB':>6} " + " ".join(
+    print(f"{'table':7} {'case':>7} {'MiB':>6} " + " ".join(
         f"{s:>17}" for s in ("copy", "gather", "device", "d2h", "embed_into")) + "  exact")
     results = []
     for table in TABLES:
-        for batch in args.batches:
-            r = measure(table, device, batch, args.T, args.reps, args.scale)
+        for case in args.cases:
+            batch, T = (int(v) for v in case.split("x"))
+            r = measure(table, device, batch, T, args.reps, args.scale)
             results.append(r)
             cells = " ".join(f"{r[s]['GB_per_s']:>9.1f} ({r[s]['vs_copy']:.2f})"  # type: ignore[index]
                              for s in ("copy", "gather", "device", "d2h", "embed_into"))
-            print(f"{table:7} {batch:>5} {int(r['answer_bytes']) / 2**20:>6.1f} {cells}"  # type: ignore[call-overload]
+            print(f"{table:7} {case:>7} {int(r['answer_bytes']) / 2**20:>6.2f} {cells}"  # type: ignore[call-overload]
                   f"  {r['exact']}", flush=True)
     if args.out:
         args.out.write_text(json.dumps({"device": name, "results": results}, indent=1))

@@ -25,17 +25,22 @@ def plot_report(report: Mapping[str, Any], path: Path) -> Path:
         points = sorted({(c["T"], c["dtype"], c["concurrency"]) for c in cells},
                         key=lambda p: (p[0], p[1] != "float32", p[2]))
         width = 0.27
+        shown = []
         for i, backend in enumerate(("ceiling", "naive", "service")):
             by_point = {(c["T"], c["dtype"], c["concurrency"]): c["median"]["req_s"]
                         for c in report["cells"]
                         if c["backend"] == backend and (c["mode"] == mode or backend == "naive")}
             xs = [j + (i - 1) * width for j, p in enumerate(points) if p in by_point]
             ys = [by_point[p] for p in points if p in by_point]
-            ax.bar(xs, ys, width, label=backend, color=_COLORS[backend])
+            if ys:  # an empty bar set would still draw a (wrongly coloured) legend entry
+                ax.bar(xs, ys, width, label=backend, color=_COLORS[backend])
+                shown.append(backend)
         naive_note = "" if mode in {c["mode"] for c in report["cells"] if c["backend"] == "naive"} \
             else "; naive bars are its unary figures"
+        refs = " vs ".join(["transport ceiling" if b == "ceiling" else b
+                            for b in shown if b != "service"])
         _panel(ax, [f"T{t}\n{_SHORT.get(d, d)}\nc{c}" for t, d, c in points],
-               f"{mode}: service vs transport ceiling vs naive (repeated float{naive_note})")
+               f"{mode}: service{' vs ' + refs if refs else ''} (repeated float{naive_note})")
     return _save(plt, fig, path)
 
 

@@ -276,24 +276,27 @@ class EmbeddingTables:
         """The whole batch as one gather+add on the tables' device, then one copy back.
 
         Written for CUDA (pinned buffers, one synchronisation) but device-agnostic, so the
-        tests run this exact path on CPU tables as well.
+        tests run this exact path on CPU tables as well. An answer in the tables' own dtype
+        is added in that dtype: torch adds bf16/fp16 in fp32 and rounds once, the same bits
+        as widening first, without two fp32 intermediates.
         """
         cuda = self.device.type == "cuda"
-        ids = torch.cat([p[0] for p in parts])  # (N,)
-        positions = positions_of([span for p in parts for span in p[1]])  # (N,)
-        dtype = parts[0][2].dtype
-        idx = torch.stack((ids, positions))  # (2, N): one H2D copy
-        if cuda:
-            idx = idx.pin_memory()
+        n = sum(int(p[0].shape[0]) for p in parts)
+        idx = self._index_rows(n)  # (2, N): ids, positions; one H2D copy
+        torch.cat([p[0] for p in parts], out=idx[0])
+        idx[1].copy_(positions_of([span for p in parts for span in p[1]]))
         idx = idx.to(self.device, non_blocking=True)
+        dtype = parts[0][2].dtype
         if compose == COMPOSE_POSITION_ONLY:
             assert self.position_table is not None
-            x = self.position_table[idx[1]].float()  # (N, C)
+            x = self.position_table[idx[1]]  # (N, C)
         else:
-            x = self.token_table[idx[0]].float()  # (N, C)
+            x = self.token_table[idx[0]]  # (N, C)
             if compose == COMPOSE_TOKEN_PLUS_POSITION and self.position_table is not None:
-                x += self.position_table[idx[1]].float()  # (N, C) fp32 add
-        host = self._scratch_rows(int(ids.shape[0]), dtype)  # (N, C), pinned on CUDA
+                if x.dtype != dtype:
+                    x = x.float()  # (N, C): the add is fp32 unless answered in table dtype
+                x += self.position_table[idx[1]]  # (N, C), rounded once
+        host = self._scratch_rows(n, dtype)  # (N, C), pinned on CUDA
         host.copy_(x.to(dtype), non_blocking=True)  # one D2H copy into pinned memory
         if cuda:
             torch.cuda.synchronize(self.device)  # the one sync per batch
@@ -301,6 +304,16 @@ class EmbeddingTables:
         for _, _, out in parts:
             out.copy_(host[row: row + out.shape[0]])  # into the response bytes
             row += out.shape[0]
+
+    def _index_rows(self, n: int) -> torch.Tensor:
+        """A reused (2, n) int64 host buffer, pinned on CUDA: pinning one per batch costs
+        more than the batch's gather. Safe to reuse: each batch ends in a synchronize."""
+        buf = self._scratch.get(torch.int64)
+        if buf is None or buf.numel() < 2 * n:
+            buf = torch.empty(2 * max(n, 1024), dtype=torch.int64,
+                              pin_memory=self.device.type == "cuda")
+            self._scratch[torch.int64] = buf
+        return buf[: 2 * n].view(2, n)
 
     def _embed_rules(self, parts: Sequence[Part], compose: int) -> None:
         """A family with computing rules: each part's rows in the table dtype, with the

@@ -35,8 +35,8 @@ def test_worker_memory_measures_an_empty_repository(tmp_path: Path) -> None:
 
 def test_gpu_gather_times_every_stage_and_checks_the_answers(tmp_path: Path) -> None:
     out = tmp_path / "gather.json"
-    assert gpu_gather.main(["--device", "cpu", "--reps", "2", "--scale", "64", "--T", "64",
-                            "--batches", "1", "3", "--out", str(out)]) == 0
+    assert gpu_gather.main(["--device", "cpu", "--reps", "2", "--scale", "64",
+                            "--cases", "1x64", "3x64", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["device"] == "cpu"
     rows = report["results"]

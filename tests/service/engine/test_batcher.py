@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -193,3 +194,34 @@ def test_device_batch_path_equals_cpu_path(tables: EmbeddingTables, dtype: torch
                           for (ids, spans), out in zip(parts, outs)], compose)
     for got, expected in zip(outs, want):
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("compose", [COMPOSE_TOKEN_PLUS_POSITION, COMPOSE_TOKEN_ONLY,
+                                     COMPOSE_POSITION_ONLY])
+def test_device_path_on_stored_dtypes_equals_cpu_path(table_dtype: torch.dtype,
+                                                      dtype: torch.dtype, compose: int) -> None:
+    # Tables kept in their stored dtype (bf16/fp16 checkpoints), on EMBED_TEST_DEVICE (cuda
+    # under scripts/gpu.sh): the device path adds in the table dtype when the answer is in
+    # it, in fp32 otherwise; the CPU path always widens to fp32 first. Same bits, every pair.
+    token_table, position_table = (t.to(table_dtype) for t in tiny_tables(3))
+    device = torch.device(os.environ.get("EMBED_TEST_DEVICE", "cpu"))
+    on_device = EmbeddingTables(token_table, position_table, device, table_dtype=None)
+    on_cpu = EmbeddingTables(token_table, position_table, torch.device("cpu"), table_dtype=None)
+    parts = [([5, 6, 7], [(0, 3)]), (list(range(200, 240)), [(2, 30), (0, 10)]), ([9], [(63, 1)])]
+    want = embed(on_cpu, parts, dtype, compose)
+    for _ in range(2):  # the second batch reuses the index and answer buffers
+        outs = [torch.full((len(ids), on_device.dim), float("nan"), dtype=dtype)
+                for ids, _ in parts]
+        on_device._embed_device([(torch.tensor(ids), spans, out)
+                                 for (ids, spans), out in zip(parts, outs)], compose)
+        for got, expected in zip(outs, want):
+            assert torch.equal(got, expected)
+    if table_dtype != torch.float32 and compose == COMPOSE_TOKEN_PLUS_POSITION:
+        # Which rounding is asked for matters: an fp32 answer is the unrounded fp32 sum, an
+        # answer in the table dtype that sum rounded once, and the two differ here.
+        fp32_sum = token_table[5:8].float() + position_table[0:3].float()  # (3, C)
+        expected = fp32_sum.to(dtype) if dtype != table_dtype else fp32_sum.to(table_dtype)
+        assert torch.equal(want[0], expected)
+        assert not torch.equal(fp32_sum, fp32_sum.to(table_dtype).float())
