@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import grpc
 import numpy as np
 import torch
 
-from bench.servers import GLIBC_TUNABLES, child_env
+from bench.servers import child_env, free_port
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.format.checkpoint import write_checkpoint
@@ -85,23 +84,12 @@ def _write(repo: Path, name: str) -> int:
     return nbytes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _env() -> dict[str, str]:
-    return child_env(GLIBC_TUNABLES)
-
-
 def _startup(repo: Path) -> float:
     """Best of 3 fresh processes: load + verify + SERVING, imports excluded."""
     times = []
     for _ in range(3):
         proc = subprocess.run([sys.executable, "-c", _STARTUP, str(repo)], cwd=ROOT,
-                              env=_env(), capture_output=True, text=True, timeout=300,
+                              env=child_env(), capture_output=True, text=True, timeout=300,
                               check=True)
         times.append(json.loads(proc.stdout.strip().splitlines()[-1])["startup_s"])
     return min(times)
@@ -115,12 +103,12 @@ def _rss_mb(pid: int) -> float:
 
 
 def _serve(repo: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "service", "--model-repository", str(repo), "--http-port", "-1",
         "--grpc-port",
          str(port), "--metrics-port", "-1", "--poll-seconds", "0", "--log-format", "text"],
-        cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     with grpc.insecure_channel(target) as channel:

@@ -2,16 +2,16 @@
 
     python -m bench.gpu_gather [--device cuda] [--reps 20] [--out gather.json]
 
-Issue 28's GPU item: how close the service's device half (``EmbeddingTables._embed_device``:
-gather, fp32 add, cast) and the whole ``embed_into`` (that, one D2H copy into pinned memory,
+Issue 28's GPU item: how close the service's device half (``EmbeddingTables.device_rows``:
+gather, add, cast) and the whole ``embed_into`` (that, one D2H copy into pinned memory,
 one copy into the response) come to the memory they run on. Per table (GPT-2: 50257 x 768
 fp32; Llama-3: 128256 x 4096 bf16) and batch (1 x 16, 1 x 1024 and 16 x 1024 tokens,
 random ids; the 16-token answer shows the fixed cost per batch):
 
 - ``copy``: a device-to-device copy of the answer's bytes: the HBM ceiling, in this run;
 - ``gather``: ``token_table[ids]`` alone;
-- ``device``: gather + position add in the answer's (the table's) dtype, as the engine
-  runs it;
+- ``device``: ``EmbeddingTables.device_rows``, gather + position add in the answer's (the
+  table's) dtype;
 - ``d2h``: the answer's bytes into pinned host memory: the link's ceiling;
 - ``embed_into``: the engine's whole call, answers written into host tensors.
 
@@ -77,25 +77,20 @@ def measure(name: str, device: torch.device, batch: int, T: int, reps: int,
     N = batch * T
     ids = torch.randint(0, rows, (N,), generator=gen)  # (N,) host ids, as a request's
     positions = torch.arange(T).repeat(batch)  # (N,)
-    ids_dev, pos_dev = ids.to(device), positions.to(device)
+    idx_dev = torch.stack((ids, positions)).to(device)  # (2, N), as _embed_device sends it
     answer = N * C * dtype.itemsize  # bytes of the answer, in the table dtype
     src = torch.empty(N, C, dtype=dtype, device=device)
     dst = torch.empty_like(src)
     pinned = torch.empty(N, C, dtype=dtype, pin_memory=device.type == "cuda")
     outs = [torch.empty(T, C, dtype=dtype) for _ in range(batch)]
     parts = [(ids[i * T:(i + 1) * T], [(0, T)], outs[i]) for i in range(batch)]
-    tt, pt = tables.token_table, tables.position_table
-    assert pt is not None
-
-    def device_half() -> torch.Tensor:  # as _embed_device runs it for an answer in table dtype
-        x = tt[ids_dev]  # (N, C)
-        x += pt[pos_dev]  # (N, C), added in fp32 and rounded once by torch
-        return x
+    tt = tables.token_table
 
     stages: dict[str, tuple[Callable[[], object], int]] = {
         "copy": (lambda: dst.copy_(src), 2 * answer),
-        "gather": (lambda: torch.index_select(tt, 0, ids_dev), 2 * answer),
-        "device": (device_half, 3 * answer),  # two row reads, one write
+        "gather": (lambda: torch.index_select(tt, 0, idx_dev[0]), 2 * answer),
+        "device": (lambda: tables.device_rows(idx_dev, COMPOSE_TOKEN_PLUS_POSITION, dtype),
+                   3 * answer),  # two row reads, one write
         "d2h": (lambda: pinned.copy_(src), 2 * answer),
         "embed_into": (lambda: tables.embed_into(parts, COMPOSE_TOKEN_PLUS_POSITION),
                        3 * answer),

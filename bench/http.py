@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,7 @@ from typing import Any
 import aiohttp
 
 from bench.plot import plot_http
-from bench.servers import child_env
+from bench.servers import child_env, free_port
 from training.plot import PlotsUnavailable
 
 __all__ = ["Cell", "cell_ids", "cells", "free_port", "main", "request_body", "run_load", "spawn",
@@ -129,13 +128,6 @@ async def run_load(url: str, body: bytes, c: int, seconds: float,
 
 
 # -- processes ----------------------------------------------------------------------------
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def spawn(args: list[str], ready: str) -> subprocess.Popen[str]:
     """``python ARGS`` with the entrypoint's malloc tunables, once it prints ``ready``."""

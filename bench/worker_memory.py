@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.big_table import _env, _free_port, _write
+from bench.big_table import _write
+from bench.servers import child_env, free_port
 
 __all__ = ["main", "measure"]
 
@@ -50,13 +51,13 @@ def _tree(pid: int) -> list[int]:
 
 def measure(repo: Path, workers: int, timeout_s: float = 300) -> dict[str, Any]:
     """Start-up seconds and PSS (MB) per process of one ``--workers`` server."""
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "service", "--model-repository", str(repo), "--grpc-port",
          str(port), "--http-port", "-1", "--metrics-port", "-1", "--poll-seconds", "0",
          "--workers", str(workers), "--host", "127.0.0.1"],
-        cwd=ROOT, env=_env(), stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True)
     try:
         serving = 0
         assert proc.stderr is not None

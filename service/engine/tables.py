@@ -285,25 +285,29 @@ class EmbeddingTables:
         idx = self._index_rows(n)  # (2, N): ids, positions; one H2D copy
         torch.cat([p[0] for p in parts], out=idx[0])
         idx[1].copy_(positions_of([span for p in parts for span in p[1]]))
-        idx = idx.to(self.device, non_blocking=True)
         dtype = parts[0][2].dtype
-        if compose == COMPOSE_POSITION_ONLY:
-            assert self.position_table is not None
-            x = self.position_table[idx[1]]  # (N, C)
-        else:
-            x = self.token_table[idx[0]]  # (N, C)
-            if compose == COMPOSE_TOKEN_PLUS_POSITION and self.position_table is not None:
-                if x.dtype != dtype:
-                    x = x.float()  # (N, C): the add is fp32 unless answered in table dtype
-                x += self.position_table[idx[1]]  # (N, C), rounded once
+        x = self.device_rows(idx.to(self.device, non_blocking=True), compose, dtype)
         host = self._scratch_rows(n, dtype)  # (N, C), pinned on CUDA
-        host.copy_(x.to(dtype), non_blocking=True)  # one D2H copy into pinned memory
+        host.copy_(x, non_blocking=True)  # one D2H copy into pinned memory
         if cuda:
             torch.cuda.synchronize(self.device)  # the one sync per batch
         row = 0
         for _, _, out in parts:
             out.copy_(host[row: row + out.shape[0]])  # into the response bytes
             row += out.shape[0]
+
+    def device_rows(self, idx: torch.Tensor, compose: int, dtype: torch.dtype) -> torch.Tensor:
+        """The rows for ``idx`` ((2, N) ids and positions on the tables' device), in
+        ``dtype``, on that device: the add in fp32 unless the answer is in table dtype."""
+        if compose == COMPOSE_POSITION_ONLY:
+            assert self.position_table is not None
+            return self.position_table[idx[1]].to(dtype)  # (N, C)
+        x = self.token_table[idx[0]]  # (N, C)
+        if compose == COMPOSE_TOKEN_PLUS_POSITION and self.position_table is not None:
+            if x.dtype != dtype:
+                x = x.float()  # (N, C)
+            x += self.position_table[idx[1]]  # (N, C), rounded once
+        return x.to(dtype)  # (N, C)
 
     def _index_rows(self, n: int) -> torch.Tensor:
         """A reused (2, n) int64 host buffer, pinned on CUDA: pinning one per batch costs
