@@ -68,6 +68,33 @@ def test_kernel_matches_torch_and_reference(tables: tuple[EmbeddingTables, Embed
     assert torch.equal(_bits(outs["slow"]), _bits(reference))
 
 
+# bf16's round-to-nearest-even at its ties (0x8000 below the kept bits: even keeps, odd
+# rounds up), just off them, at the carry into the exponent and at the largest finite.
+_BF16_EDGES = [0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001, 0xBF808000, 0xBF818000,
+               0x3F7FFFFF, 0x7F7FFFFF, 0x00018000, 0x80008000, 0x00000000, 0x80000000]
+
+
+@pytest.mark.parametrize("dim", [16, 37, 768])  # whole 16-wide blocks, a tail, GPT-2's C
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rounding_edges_and_row_tails_match_torch(dim: int, dtype: torch.dtype) -> None:
+    """Every output dtype's rounding, bit for bit against torch's, on rows whose width is
+    and is not a multiple of the vector width, with and without positions."""
+    lib = kernel.load()
+    assert lib is not None
+    g = torch.Generator().manual_seed(dim)
+    table = torch.randn(8, dim, generator=g) * 40
+    edges = torch.tensor(_BF16_EDGES * (dim // len(_BF16_EDGES) + 1), dtype=torch.int64)
+    table[2] = edges[:dim].to(torch.int32).view(torch.float32)  # (C,)
+    position = torch.randn(4, dim, generator=g)
+    position[0] = 0.0  # row 2 + position 0 keeps the edge bits exact through the add
+    ids = torch.tensor([2, 5, 2, 7])
+    for pos_table, positions in ((None, None), (position, torch.tensor([0, 1, 0, 3]))):
+        reference = table[ids] if pos_table is None else table[ids] + position[positions]
+        out = torch.empty(4, dim, dtype=dtype)
+        kernel.embed_rows(lib, table, ids, pos_table, positions, 0, out)
+        assert torch.equal(_bits(out), _bits(reference.to(dtype)))
+
+
 def test_kernel_refuses_an_index_outside_its_table() -> None:
     lib = kernel.load()
     assert lib is not None
