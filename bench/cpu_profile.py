@@ -38,7 +38,7 @@ from bench.config import DTYPE_BYTES
 from bench.http import run_load
 from bench.loadgen import DTYPE_ENUM, measure
 from bench.model import MODEL_NAME, VOCAB_SIZE, ensure_model
-from bench.servers import ROOT, free_port, launch, stop_servers, wait_serving
+from bench.servers import ROOT, free_port, launch, service_argv, stop_servers, wait_serving
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["main", "server_cpu", "stages"]
@@ -194,11 +194,8 @@ def _cpu_s(pid: int) -> float:
 def server_cpu(repo: Path, seconds: float, rounds: int) -> list[dict[str, Any]]:
     """Per path and cell: the server process's CPU µs per answer and its answers/s."""
     port, http_port = free_port(), free_port()
-    server = launch("service", [str(ROOT / "scripts" / "serve.sh"), "--model-repository",
-                                str(repo / "models"), "--host", "127.0.0.1", "--grpc-port",
-                                str(port), "--http-port", str(http_port), "--metrics-port",
-                                "-1", "--device", "cpu", "--poll-seconds", "0"],
-                    port, Path(tempfile.gettempdir()) / "cpu_profile_logs")
+    server = launch("service", service_argv(repo, port, http_port=http_port), port,
+                    Path(tempfile.gettempdir()) / "cpu_profile_logs")
     rows = []
     try:
         wait_serving(server, 120)

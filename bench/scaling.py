@@ -29,7 +29,7 @@ import grpc
 from bench.config import BenchConfig
 from bench.loadgen import measure
 from bench.model import MODEL_NAME, VOCAB_SIZE, ensure_model
-from bench.servers import ROOT, ServerProcess, free_port, stop_servers, wait_serving
+from bench.servers import ROOT, ServerProcess, free_port, service_argv, stop_servers, wait_serving
 from bench.servers import launch as launch_server
 from genproto.embedding.v1 import embedding_pb2 as pb
 
@@ -87,10 +87,7 @@ async def _tokens_per_s(target: str, how: Any, seqs: list[list[int]], seconds: f
 
 def _launch(repo: Path, workers: int, log_dir: Path) -> ServerProcess:
     port = free_port()
-    argv = [str(ROOT / "scripts" / "serve.sh"), "--model-repository", str(repo / "models"),
-            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "-1",
-            "--metrics-port", "-1",
-            "--poll-seconds", "0", "--workers", str(workers)]
+    argv = service_argv(repo, port, "--workers", str(workers), device="auto")
     return launch_server(f"service-w{workers}", argv, port, log_dir)
 
 

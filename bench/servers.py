@@ -22,8 +22,7 @@ from bench.config import BenchConfig
 from bench.model import MODEL_NAME
 
 __all__ = ["GLIBC_TUNABLES", "ROOT", "ServerProcess", "child_env", "free_port", "launch",
-           "start_servers",
-           "stop_servers", "wait_serving"]
+           "service_argv", "start_servers", "stop_servers", "wait_serving"]
 
 ROOT = Path(__file__).resolve().parent.parent
 # Kept equal to scripts/serve.sh's default.
@@ -95,6 +94,15 @@ def wait_serving(server: ServerProcess, timeout_s: float) -> None:
             time.sleep(0.1)
 
 
+def service_argv(repo: Path, port: int, *extra: str, http_port: int = -1,
+                 device: str = "cpu") -> list[str]:
+    """``scripts/serve.sh`` and the flags every bench gives the service: ``repo``'s models
+    on 127.0.0.1:``port``, no metrics port, no repository polling, then ``extra``."""
+    return [str(ROOT / "scripts" / "serve.sh"), "--model-repository", str(repo / "models"),
+            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", str(http_port),
+            "--metrics-port", "-1", "--device", device, "--poll-seconds", "0", *extra]
+
+
 def _argv(name: str, port: int, cfg: BenchConfig, repo: Path) -> list[str]:
     py = sys.executable
     if name == "ceiling":
@@ -103,10 +111,7 @@ def _argv(name: str, port: int, cfg: BenchConfig, repo: Path) -> list[str]:
     if name == "naive":
         return [py, "-m", "bench.naive_server", "--port", str(port),
                 "--checkpoint", str(repo / "models" / MODEL_NAME / "1")]
-    return [str(ROOT / "scripts" / "serve.sh"), "--model-repository", str(repo / "models"),
-            "--host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "-1",
-            "--metrics-port", "-1",
-            "--device", cfg.device, "--poll-seconds", "0", *cfg.extra_server_args]
+    return service_argv(repo, port, *cfg.extra_server_args, device=cfg.device)
 
 
 def start_servers(cfg: BenchConfig, repo: Path, log_dir: Path,
