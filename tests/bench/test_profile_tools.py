@@ -1,12 +1,12 @@
-"""bench.cpu_profile's in-process stages and bench.worker_memory's measurement run and
-report every figure they promise."""
+"""bench.cpu_profile's in-process stages, bench.worker_memory's, bench.gpu_gather's and
+bench.grpc_floors' measurements run and report every figure they promise."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench import cpu_profile, gpu_gather, worker_memory
+from bench import cpu_profile, gpu_gather, grpc_floors, worker_memory
 
 
 def test_cpu_profile_times_every_stage_of_every_cell(tmp_path: Path) -> None:
@@ -50,3 +50,18 @@ def test_gpu_gather_times_every_stage_and_checks_the_answers(tmp_path: Path) -> 
         for stage in ("gather", "device", "d2h", "embed_into"):
             assert r[stage]["median_us"] > 0
             assert r[stage]["GB_per_s"] > 0
+
+
+def test_grpc_floors_measure_every_server_against_the_ceiling(tmp_path: Path) -> None:
+    """Four real servers (the ceiling, the service's two floors, the service) answer the
+    same requests; a floor server answers with the service's own rows."""
+    grpc_floors.main(["--requests", "30", "--rounds", "2", "--model-cache",
+                      str(tmp_path / "m"), "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "grpc_floors.json").read_text())
+    assert (report["T"], report["C"], report["requests"], report["rounds"]) == (16, 768, 30, 2)
+    rows = {r["server"]: r for r in report["rows"]}
+    assert list(rows) == ["ceiling", "frame", "lookup", "service"]
+    assert rows["ceiling"]["ratio"] == 1.0
+    for row in rows.values():
+        assert len(row["rounds_p50_us"]) == 2
+        assert all(p50 > 0 for p50 in row["rounds_p50_us"])
