@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -34,7 +34,7 @@ from service.errors import EmbedError, Unauthenticated, Unavailable, quote, stat
 from service.rpc import codec
 from service.rpc.identity import Identities
 
-__all__ = ["OPEN_SERVICES", "UNKNOWN_MODEL", "Call", "Frame", "Refused"]
+__all__ = ["OPEN_SERVICES", "UNKNOWN_MODEL", "Call", "Frame", "Refused", "item_call"]
 
 OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
 UNKNOWN_MODEL = "_unknown"  # metric label for requests naming a model that is not loaded
@@ -174,9 +174,15 @@ class Frame:
                    body: Callable[[Call], Awaitable[T]]) -> T:
         """One item of a stream, framed like a unary call of its own: ``body`` gets the
         item's call (its own start time, model and request id)."""
-        item = replace(call, model=model, request_id=request_id,
-                       start_ns=time.perf_counter_ns())
+        item = item_call(call, model, request_id, time.perf_counter_ns())
         return await self.run(item, lambda: body(item))
+
+
+def item_call(call: Call, model: str, request_id: str, start_ns: int) -> Call:
+    """``call`` for one item of its stream: the item's model, request id and start time.
+    Built field by field: ``dataclasses.replace`` costs several µs per stream message."""
+    return Call(call.rpc, model, request_id, call.authorization, call.deadline, start_ns,
+                call.identity, call.peer)
 
 
 def grpc_call(rpc: str, context: grpc.aio.ServicerContext, start_ns: int, model: str = "",

@@ -137,9 +137,11 @@ class NativeFront:
         budget, requests wait before their output is allocated, the window fills and the
         stream stops reading.
         """
-        window: asyncio.Queue[tuple[int, asyncio.Task[bytes]] | None] = \
+        window: asyncio.Queue[tuple[int, asyncio.Future[bytes]] | None] = \
             asyncio.Queue(STREAM_WINDOW)
         pacer = self.stream_budgets.pacer()
+        loop = asyncio.get_running_loop()
+        unsent = 0  # answers read but not yet taken by gRPC
 
         async def one(request: pb.EmbedRequest, seq: int) -> bytes:
             try:
@@ -151,18 +153,33 @@ class NativeFront:
                 pacer.skip(seq)  # refused before reserving: the next answer's turn
 
         async def read() -> None:
+            nonlocal unsent
             seq = 0
             async for request in requests:
-                await window.put((seq, asyncio.ensure_future(one(request, seq))))
+                answer: asyncio.Future[bytes]
+                if unsent == 0:
+                    # Every earlier answer is sent: there is nothing to overlap this one
+                    # with, so it runs here, without a task and its two loop hops (a
+                    # client with one request in flight). Otherwise it is pipelined.
+                    answer = loop.create_future()
+                    try:
+                        answer.set_result(await one(request, seq))
+                    except Exception as e:  # a Refused item: ends the stream in its turn
+                        answer.set_exception(e)
+                else:
+                    answer = asyncio.ensure_future(one(request, seq))
+                unsent += 1
+                await window.put((seq, answer))
                 seq += 1
             await window.put(None)
 
         reader = asyncio.ensure_future(read())
         try:
             while (item := await window.get()) is not None:
-                seq, task = item
-                yield await task  # a Refused item ends the stream, after every answer before it
+                seq, answer = item
+                yield await answer  # a Refused item ends the stream, after every answer before it
                 pacer.release(seq)  # gRPC has taken it
+                unsent -= 1
             await reader
         finally:
             reader.cancel()
