@@ -21,7 +21,7 @@ from service.engine.admission import Admission, Input, Inputs, Options
 from service.engine.engine import Engine
 from service.engine.repository import LoadedModel
 from service.engine.shm_plan import ShmDestination
-from service.engine.validation import check_ids
+from service.engine.validation import Fitted, check_ids
 from service.format.tokenizer import TokenizerSpec
 from service.rpc import codec
 from service.rpc.frame import Call, Frame
@@ -63,12 +63,10 @@ class NativeFront:
             start_position=request.start_position)])
         (fitted,) = admission.sequences
         model = admission.model
-        # Echoing the request's own repeated field skips a tensor -> list -> proto round trip.
-        echo = (request.token_ids.ids if kind == "token_ids" and not fitted.truncated_tokens
-                else fitted.ids.tolist())
         (untrained,) = self.engine.untrained(admission)
         fields = pb.EmbedResponse(
-            token_ids=echo, start_position=fitted.start_position, model=model.name,
+            token_ids=_echo(request, fitted), start_position=fitted.start_position,
+            model=model.name,
             version=model.version, checkpoint_id=model.checkpoint_id,
             truncated_tokens=fitted.truncated_tokens, untrained_token_indices=untrained,
             request_id=request.request_id)
@@ -120,9 +118,9 @@ class NativeFront:
         model = admission.model
         offsets = np.cumsum([0, *admission.lengths]).tolist()
         untrained = self.engine.untrained(admission)
-        items = [pb.BatchItem(token_ids=f.ids.numpy(), start_position=f.start_position,
+        items = [pb.BatchItem(token_ids=_echo(inp, f), start_position=f.start_position,
                               truncated_tokens=f.truncated_tokens, untrained_token_indices=u)
-                 for f, u in zip(admission.sequences, untrained)]
+                 for inp, f, u in zip(request.inputs, admission.sequences, untrained)]
         fields = pb.EmbedBatchResponse(
             offsets=offsets, items=items, model=model.name, version=model.version,
             checkpoint_id=model.checkpoint_id, request_id=request.request_id)
@@ -280,6 +278,14 @@ def _tokenizer_info(spec: TokenizerSpec | None) -> pb.TokenizerInfo:
         return pb.TokenizerInfo()
     return pb.TokenizerInfo(encoding=spec.encoding, file=spec.file, sha256=spec.sha256,
                             special_tokens=spec.special_tokens, kind=spec.kind)
+
+
+def _echo(inp: pb.EmbedRequest | pb.EmbedInput, fitted: Fitted) -> Any:
+    """The ids an answer echoes: the request's own repeated field when it was kept whole
+    (no tensor -> list -> proto round trip), else the ids as fitted (tokenized, truncated)."""
+    if inp.WhichOneof("input") == "token_ids" and not fitted.truncated_tokens:
+        return inp.token_ids.ids
+    return fitted.ids.tolist()
 
 
 def _shm_output(request: pb.EmbedRequest | pb.EmbedBatchRequest

@@ -145,6 +145,22 @@ def test_truncation(stub: pb_grpc.EmbeddingServiceStub, truncate: int, kept: lis
     assert torch.equal(rows(r.embeddings), token_table[kept] + position_table[60:64])
 
 
+@pytest.mark.parametrize(("truncate", "kept"), [(pb.TRUNCATE_RIGHT, list(range(100, 104))),
+                                                 (pb.TRUNCATE_LEFT, list(range(106, 110)))])
+def test_batch_items_echo_the_ids_kept(stub: pb_grpc.EmbeddingServiceStub, truncate: int,
+                                       kept: list[int]) -> None:
+    """Each item echoes its ids as kept: whole, truncated, or tokenized from text."""
+    token_table, position_table = tiny_tables(0)
+    batch = stub.EmbedBatch(pb.EmbedBatchRequest(truncate=truncate, inputs=[
+        pb.EmbedInput(token_ids=pb.TokenIds(ids=[5, 6])),
+        pb.EmbedInput(token_ids=pb.TokenIds(ids=list(range(100, 110))), start_position=60),
+        pb.EmbedInput(text="hello world")]))
+    assert [list(item.token_ids) for item in batch.items] == [[5, 6], kept, [31373, 995]]
+    assert [item.truncated_tokens for item in batch.items] == [0, 6, 0]
+    assert list(batch.offsets) == [0, 2, 6, 8]
+    assert torch.equal(rows(batch.embeddings)[2:6], token_table[kept] + position_table[60:64])
+
+
 def test_allow_special_tokens(stub: pb_grpc.EmbeddingServiceStub) -> None:
     plain = stub.Embed(pb.EmbedRequest(text="<|endoftext|>"))
     special = stub.Embed(pb.EmbedRequest(text="<|endoftext|>", allow_special_tokens=True))
