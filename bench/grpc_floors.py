@@ -20,7 +20,8 @@ FP32, one in flight, a blocking stub) to each in turn:
 
 Per round each server answers ``--requests`` round trips (after a warm-up); a round's
 figure is its p50. The table gives each server's median p50 over rounds and the median
-of its per-round ratio to the ceiling's p50. Writes ``<out>/grpc_floors.json``.
+of its per-round ratio to the ceiling's p50. Writes ``<out>/grpc_floors.json`` and
+``grpc_floors.png``.
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ import grpc
 
 from bench.backend_host import MAX_MESSAGE_BYTES
 from bench.model import MODEL_NAME, VOCAB_SIZE, ensure_model
+from bench.plot import plot_floors
 from bench.servers import ROOT, free_port, launch, service_argv, stop_servers, wait_serving
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from training.plot import PlotsUnavailable
 
 __all__ = ["SERVERS", "main", "serve"]
 
@@ -178,6 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "grpc_floors.json").write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out / 'grpc_floors.json'}", file=sys.stderr)
+    try:
+        print(f"wrote {plot_floors(report, args.out / 'grpc_floors.png')}", file=sys.stderr)
+    except PlotsUnavailable as e:  # the JSON and the printed table are the result
+        print(f"bench.grpc_floors: no grpc_floors.png: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import Any
 
 from training.plot import pyplot
 
-__all__ = ["plot_http", "plot_report"]
+__all__ = ["plot_floors", "plot_http", "plot_report"]
 
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 _COLORS = {"ceiling": "#999999", "naive": "#d62728", "service": "#1f77b4", "floor": "#ff7f0e"}
@@ -67,6 +67,26 @@ def plot_http(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         _panel(ax, [f"T{r['T']}\n{r['datatype']}\nc{r['c']}" for r in cells],
                f"REST infer, {output} output: service and lookup floor vs the HTTP ceiling "
                f"(labels: share of the ceiling)")
+    return _save(plt, fig, path)
+
+
+def plot_floors(report: Mapping[str, Any], path: Path, target: float = 1.3) -> Path:
+    """``bench.grpc_floors``: each server's median p50 as a bar labelled with its paired
+    ratio to the ceiling's, and the p50 target (``target`` x the ceiling's) as a line."""
+    plt = pyplot()
+    rows = report["rows"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = [_COLORS.get(r["server"], "#ffbb78" if r["server"] == "frame" else _COLORS["floor"])
+              for r in rows]
+    bars = ax.bar([r["server"] for r in rows], [r["p50_us"] for r in rows], color=colors)
+    ax.bar_label(bars, [f"{r['ratio']:.2f}x" for r in rows], fontsize=9)
+    ceiling = next(r["p50_us"] for r in rows if r["server"] == "ceiling")
+    ax.axhline(ceiling * target, color="#2ca02c", linestyle="--",
+               label=f"target: {target} x the ceiling's p50")
+    ax.set_ylabel("p50 µs (median of rounds)")
+    ax.set_title(f"gRPC unary T={report['T']} c=1: what each layer adds to the ceiling")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
     return _save(plt, fig, path)
 
 

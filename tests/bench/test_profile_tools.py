@@ -65,3 +65,4 @@ def test_grpc_floors_measure_every_server_against_the_ceiling(tmp_path: Path) ->
     for row in rows.values():
         assert len(row["rounds_p50_us"]) == 2
         assert all(p50 > 0 for p50 in row["rounds_p50_us"])
+    assert (tmp_path / "grpc_floors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
