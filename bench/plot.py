@@ -12,7 +12,8 @@ from training.plot import pyplot
 __all__ = ["plot_floors", "plot_http", "plot_report"]
 
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-_COLORS = {"ceiling": "#999999", "naive": "#d62728", "service": "#1f77b4", "floor": "#ff7f0e"}
+_COLORS = {"ceiling": "#999999", "naive": "#d62728", "service": "#1f77b4", "floor": "#ff7f0e",
+           "frame": "#ffbb78", "lookup": "#ff7f0e"}  # grpc_floors' two floors
 
 
 def plot_report(report: Mapping[str, Any], path: Path) -> Path:
@@ -70,15 +71,14 @@ def plot_http(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     return _save(plt, fig, path)
 
 
-def plot_floors(report: Mapping[str, Any], path: Path, target: float = 1.3) -> Path:
+def plot_floors(report: Mapping[str, Any], path: Path, target: float) -> Path:
     """``bench.grpc_floors``: each server's median p50 as a bar labelled with its paired
     ratio to the ceiling's, and the p50 target (``target`` x the ceiling's) as a line."""
     plt = pyplot()
     rows = report["rows"]
     fig, ax = plt.subplots(figsize=(7, 4))
-    colors = [_COLORS.get(r["server"], "#ffbb78" if r["server"] == "frame" else _COLORS["floor"])
-              for r in rows]
-    bars = ax.bar([r["server"] for r in rows], [r["p50_us"] for r in rows], color=colors)
+    bars = ax.bar([r["server"] for r in rows], [r["p50_us"] for r in rows],
+                  color=[_COLORS[r["server"]] for r in rows])
     ax.bar_label(bars, [f"{r['ratio']:.2f}x" for r in rows], fontsize=9)
     ceiling = next(r["p50_us"] for r in rows if r["server"] == "ceiling")
     ax.axhline(ceiling * target, color="#2ca02c", linestyle="--",
