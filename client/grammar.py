@@ -1,7 +1,7 @@
 """What a user may type, the same in every tool: token-id lists, enum spellings, option values.
 
 embedctl, this Python client, the Node.js client (``client/node/grammar.js``) and the page
-(``service/rpc/page/page.js``) accept exactly the same input and refuse everything else
+(``service/rpc/http/page/page.js``) accept exactly the same input and refuse everything else
 before a request is sent, naming the bad item. ``tests/vectors/client_inputs.json`` is the
 one table of valid and invalid cases that every tool's tests read.
 

@@ -26,6 +26,7 @@ from service import tracing
 from service.config import ServerConfig, parse_pins
 from service.dtypes import BY_NAME
 from service.engine.batcher import Batcher
+from service.engine.budgets import StreamBudgets
 from service.engine.engine import Engine
 from service.engine.repository import LoadedModel, Repository
 from service.engine.shm import SharedMemoryRegistry
@@ -34,12 +35,10 @@ from service.engine.validation import Limits
 from service.metrics import Metrics
 from service.preflight import StartupError, bind_refusal
 from service.rpc.frame import Frame
-from service.rpc.http import HttpFront
-from service.rpc.http_wire import server_ssl_context
+from service.rpc.http import HttpFront, server_ssl_context
 from service.rpc.identity import Identities
 from service.rpc.native import SERVICE_NAME, NativeFront
 from service.rpc.oip import OIP_SERVICE_NAME, OipFront
-from service.rpc.pacing import StreamBudgets
 
 __all__ = ["EmbeddingServer", "ServerHandle", "serve", "start_in_thread", "start_local"]
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
     from service.config import ServerConfig
-    from service.engine.admission import Admission
+    from service.engine.admission import Admitted
     from service.engine.batcher import Job
 
 __all__ = ["SERVICE_NAME", "SHUTDOWN_SECONDS", "Tracing", "interceptors", "meter", "record",
@@ -184,7 +184,7 @@ def _no_status(code: int, message: str) -> None:
     """``server_span``'s status setter when tracing is off."""
 
 
-def record(admission: Admission, job: Job, request_id: str) -> None:
+def record(admitted: Admitted, job: Job, request_id: str) -> None:
     """Add a finished job's child spans and attributes to the current RPC's span.
 
     Called on the event loop right after ``batcher.submit`` returns. Children: tokenize
@@ -196,10 +196,10 @@ def record(admission: Admission, job: Job, request_id: str) -> None:
     rpc = _RPC.get()
     if rpc is None:  # tracing off, or an untraced RPC: one ContextVar read
         return
-    _metered(_record)(rpc, admission, job, request_id)
+    _metered(_record)(rpc, admitted, job, request_id)
 
 
-def _record(rpc: _Rpc, admission: Admission, job: Job, request_id: str) -> None:
+def _record(rpc: _Rpc, admitted: Admitted, job: Job, request_id: str) -> None:
     if not rpc.span.is_recording() or job.timing is None:
         return
     offset = _epoch_offset()
@@ -211,9 +211,9 @@ def _record(rpc: _Rpc, admission: Admission, job: Job, request_id: str) -> None:
         parent = rpc.tracer.start_span("request", trace.set_span_in_context(rpc.span),
                                        start_time=job.start_ns + offset)
     parent.set_attributes({
-        "embed.model": admission.model.name, "embed.version": admission.model.version,
-        "embed.tokens": admission.tokens, "embed.sequences": len(admission.sequences),
-        "embed.dtype": BY_WIRE[admission.options.dtype].name, "embed.request_id": request_id})
+        "embed.model": admitted.model.name, "embed.version": admitted.model.version,
+        "embed.tokens": admitted.tokens, "embed.sequences": len(admitted.sequences),
+        "embed.dtype": BY_WIRE[admitted.options.dtype].name, "embed.request_id": request_id})
     context = trace.set_span_in_context(parent)
     spans: list[tuple[str, int, int, dict[str, Any]]] = []
     if timing.tokenize_ns > 0:

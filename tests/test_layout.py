@@ -4,9 +4,13 @@ those under ``if TYPE_CHECKING:`` do not, since they never run):
 (a) no import cycles between modules, lazy imports included (a lazy import only hides one);
 (b) layers never import upward: ``service.format`` nothing from engine, rpc or the top
     (server, ``__main__``, workers); ``service.engine`` nothing from rpc or the top;
-(c) fronts are independent: no front in ``service/rpc/`` (native, oip, http*) imports
-    another front; shared wire helpers there (codec, frame, oip_tensors) are not fronts;
-(d) ``client/`` never imports torch or service (it installs without them).
+(c) fronts are independent: no front in ``service/rpc/`` (native, oip, the ``http``
+    package) imports another front; what they share there (frame, identity, oip_tensors)
+    is not a front;
+(d) ``client/`` never imports torch or service (it installs without them);
+(e) ``service/rpc/`` reaches the engine through its package's public names only
+    (``from service.engine import Engine, Request, ...``), never a module inside it: a
+    request crosses into the engine by ``Engine.embed`` and comes back as its answer.
 
 The checker runs on the repository and, so that it is known to catch what it claims, on
 small synthetic trees with one seeded violation each.
@@ -30,7 +34,7 @@ LAYERS = {
     "service.format": ("service.engine", "service.rpc", *_TOP),
     "service.engine": ("service.rpc", *_TOP),
 }
-_FRONT_NAMES = ("native", "oip")  # (c), plus any http*: the OIP REST front to come
+_FRONT_NAMES = ("native", "oip", "http")  # (c): a module, or a package of its own
 _CLIENT_FORBIDDEN = ("torch", "service")  # (d)
 
 Modules = dict[str, Path]
@@ -165,8 +169,6 @@ def front_of(module: str) -> str | None:
     if len(parts) < 3 or parts[:2] != ["service", "rpc"]:
         return None
     name = parts[2]
-    if name.startswith("http"):  # http.py and its own helpers (http_tensors, ...): one front
-        return "http"
     return name if name in _FRONT_NAMES else None
 
 
@@ -174,6 +176,13 @@ def cross_front_imports(graph: Graph) -> list[str]:
     """(c): ``front -> other front`` imports."""
     return sorted(f"{src} -> {dst}" for src, targets in graph.items() for dst in targets
                   if front_of(src) and front_of(dst) and front_of(src) != front_of(dst))
+
+
+def engine_surface_imports(graph: Graph) -> list[str]:
+    """(e): ``rpc module -> engine module`` for each import past the engine's package."""
+    return sorted(f"{src} -> {dst}" for src, targets in graph.items() for dst in targets
+                  if _under(src, "service.rpc") and _under(dst, "service.engine")
+                  and dst != "service.engine")
 
 
 def client_violations(raw: dict[str, set[str]]) -> list[str]:
@@ -187,7 +196,7 @@ def check(root: Path, top_dirs: Iterable[str] = TOP_DIRS) -> dict[str, list[str]
     graph, raw = import_graph(modules_under(root, top_dirs))
     return {"cycles": [" <-> ".join(c) for c in cycles(graph)],
             "upward": upward_imports(graph), "fronts": cross_front_imports(graph),
-            "client": client_violations(raw)}
+            "surface": engine_surface_imports(graph), "client": client_violations(raw)}
 
 
 # --- the repository -------------------------------------------------------------------
@@ -204,7 +213,7 @@ def test_the_checker_sees_the_repository() -> None:
     assert "service.format.tokenizer" in graph["training.train"]
 
 
-@pytest.mark.parametrize("rule", ["cycles", "upward", "fronts", "client"])
+@pytest.mark.parametrize("rule", ["cycles", "upward", "fronts", "surface", "client"])
 def test_layout_rule_holds(repo: dict[str, list[str]], rule: str) -> None:
     assert repo[rule] == []
 
@@ -223,10 +232,13 @@ _CLEAN = {
     "service/__init__.py": "",
     "service/server.py": "from service.rpc import native\nfrom service.engine import batcher\n",
     "service/rpc/__init__.py": "",
-    "service/rpc/native.py": "from service.rpc.codec import encode\nfrom service import errors\n",
-    "service/rpc/oip.py": "from . import codec\n",
-    "service/rpc/codec.py": "from service.format.checkpoint import read\n",
-    "service/engine/__init__.py": "",
+    "service/rpc/native.py": ("from service.rpc.frame import Call\nfrom service import errors\n"
+                              "from service.engine import Engine\n"),
+    "service/rpc/oip.py": "from . import frame\n",
+    "service/rpc/frame.py": "from service.format.checkpoint import read\n",
+    "service/rpc/http/__init__.py": "from service.rpc.http.front import Front\n",
+    "service/rpc/http/front.py": "from service.rpc import frame\n",
+    "service/engine/__init__.py": "from service.engine.batcher import Batcher\n",
     "service/engine/batcher.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                                   "    from service.rpc.native import Servicer\n"),
     "service/errors.py": "",
@@ -240,7 +252,7 @@ _CLEAN = {
 
 def test_a_clean_tree_passes(tmp_path: Path) -> None:
     assert check(_tree(tmp_path, _CLEAN)) == {"cycles": [], "upward": [], "fronts": [],
-                                              "client": []}
+                                              "surface": [], "client": []}
 
 
 @pytest.mark.parametrize(("rule", "rel", "text", "expected"), [
@@ -249,12 +261,14 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
     ("cycles", "client/shm.py", "from .codec import decode\n", "client.codec <-> client.shm"),
     ("upward", "service/format/checkpoint.py", "from service.engine import batcher\n",
      "service.format.checkpoint -> service.engine.batcher"),
-    ("upward", "service/engine/batcher.py", "def f():\n    import service.rpc.codec\n",
-     "service.engine.batcher -> service.rpc.codec"),
+    ("upward", "service/engine/batcher.py", "def f():\n    import service.rpc.frame\n",
+     "service.engine.batcher -> service.rpc.frame"),
     ("fronts", "service/rpc/oip.py", "from service.rpc.native import helper\n",
      "service.rpc.oip -> service.rpc.native"),
-    ("fronts", "service/rpc/http_rest.py", "from service.rpc import oip\n",
-     "service.rpc.http_rest -> service.rpc.oip"),
+    ("fronts", "service/rpc/http/front.py", "from service.rpc import oip\n",
+     "service.rpc.http.front -> service.rpc.oip"),
+    ("surface", "service/rpc/http/front.py", "from service.engine.batcher import Batcher\n",
+     "service.rpc.http.front -> service.engine.batcher"),
     ("client", "client/codec.py", "def f():\n    import torch\n", "client.codec -> torch"),
     ("client", "client/shm.py", "from service.dtypes import BY_WIRE\n",
      "client.shm -> service.dtypes.BY_WIRE"),

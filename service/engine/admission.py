@@ -1,14 +1,15 @@
 """Admission: one pass from a request's fields to a validated, tokenized batch of sequences.
 
-Every front (the native ``EmbeddingService``, the Open Inference Protocol face) turns its
-message into ``Options`` and a list of ``Input`` and calls ``Admitter.admit``; what comes
-back is an ``Admission`` (model, sequences after truncation, their ids as one tensor) or
-one typed error from ``service.errors``. The front then plans where the rows go and hands
-``Admission.job(dest, ...)`` to the batcher. Checks run in the order a client would fix
-them: model, enums, compose and output dtype, then the request's whole size from what it
-declares (number of inputs, each text's bytes and their sum, the token ids' count), all
-before any per-input work, tokenization or allocation; then each input (tokenize, id
-range, length), then the totals after truncation (tokens, output and response bytes).
+Every front turns its message into ``Options`` and a list of ``Input`` (the engine's
+vocabulary); ``Engine.embed`` hands them to ``Admission.admit``, and what comes back is an
+``Admitted`` request (model, sequences after truncation, their ids as one tensor) or one
+typed error from ``service.errors``. Text becomes ids in one place, ``Admission.encode``,
+with its metric, for embeddings and the Tokenize RPC alike. Checks run in the order a
+client would fix them: model, enums, compose and output dtype, then the request's whole
+size from what it declares (number of inputs, each text's bytes and their sum, the token
+ids' count), all before any per-input work, tokenization or allocation; then each input
+(tokenize, id range, length), then the totals after truncation (tokens, output and
+response bytes).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from service.engine.validation import (
 from service.errors import InvalidArgument
 from service.metrics import Metrics
 
-__all__ = ["Admission", "Admitter", "Input", "Inputs", "Options"]
+__all__ = ["Admission", "Admitted", "Input", "Inputs", "Options"]
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class Inputs(Sequence[Input]):
 
 
 @dataclass
-class Admission:
+class Admitted:
     """A validated request: its model, sequences after truncation, and their ids."""
 
     model: LoadedModel
@@ -156,7 +157,7 @@ class Admission:
                    self.tokenize_ns, deadline)
 
 
-class Admitter:
+class Admission:
     """Validates and tokenizes requests for every front, against one repository."""
 
     def __init__(self, repo: Repository, limits: Limits, tokenize_pool: ThreadPoolExecutor,
@@ -166,7 +167,7 @@ class Admitter:
         self._pool = tokenize_pool
         self._metrics = metrics
 
-    async def admit(self, options: Options, inputs: Sequence[Input]) -> Admission:
+    async def admit(self, options: Options, inputs: Sequence[Input]) -> Admitted:
         """Validate ``options`` and every input; tokenize text; apply length limits."""
         model = self.repo.get(options.model, options.version)
         check_enum(options.compose, pb.Compose, "compose")
@@ -189,16 +190,16 @@ class Admitter:
                          for i, inp in enumerate(inputs)]
         sequences = [fit_length(ids, inp.start_position, options.truncate, model, self.limits,
                                 inp.field) for (ids, _), inp in zip(tokenized, inputs)]
-        admission = Admission(model, options, sequences, sum(ns for _, ns in tokenized))
-        total = admission.tokens
+        admitted = Admitted(model, options, sequences, sum(ns for _, ns in tokenized))
+        total = admitted.tokens
         if len(inputs) > 1 and total > self.limits.max_tokens_per_request:
             raise InvalidArgument(f"inputs have {total} tokens in all; max_tokens_per_request "
                                   f"is {self.limits.max_tokens_per_request}")
-        check_output_bytes(total, model, admission.itemsize, BY_WIRE[options.dtype].name,
-                           self.limits, admission.dim)
+        check_output_bytes(total, model, admitted.itemsize, BY_WIRE[options.dtype].name,
+                           self.limits, admitted.dim)
         if options.in_message:
-            check_response_size(total, model, admission.itemsize, self.limits, admission.dim)
-        return admission
+            check_response_size(total, model, admitted.itemsize, self.limits, admitted.dim)
+        return admitted
 
     def check_size(self, options: Options, inputs: Sequence[Input]) -> None:
         """The request's whole size from what it declares, before any per-input work:
@@ -223,17 +224,24 @@ class Admitter:
             raise InvalidArgument(f"inputs have {declared} tokens in all; "
                                   f"max_tokens_per_request is {cap}")
 
+    async def encode(self, model: LoadedModel, text: str, allow_special: bool,
+                     add_special: bool | None = None) -> tuple[list[int], int]:
+        """Text → ids on the tokenizer pool (its size already checked), and the
+        nanoseconds it took (observed as ``embed_tokenize_duration_seconds``)."""
+        tokenizer = model.tokenizer  # FAILED_PRECONDITION for an ids-only model
+        t0 = time.perf_counter_ns()
+        ids: list[int] = await asyncio.get_running_loop().run_in_executor(
+            self._pool, tokenizer.encode, text, allow_special, add_special)
+        ns = time.perf_counter_ns() - t0
+        self._metrics.tokenize_duration.observe(ns / 1e9)
+        return ids, ns
+
     async def _tokens(self, model: LoadedModel, inp: Input,
                       options: Options) -> tuple[np.ndarray, int]:
         """The input's ids (int64, in range) and the nanoseconds spent tokenizing."""
         if inp.text is not None:  # its size was checked with the request's (check_size)
-            tokenizer = model.tokenizer  # FAILED_PRECONDITION for an ids-only model
-            t0 = time.perf_counter_ns()
-            ids = await asyncio.get_running_loop().run_in_executor(
-                self._pool, tokenizer.encode, inp.text, options.allow_special_tokens,
-                options.add_special_tokens)
-            ns = time.perf_counter_ns() - t0
-            self._metrics.tokenize_duration.observe(ns / 1e9)
+            ids, ns = await self.encode(model, inp.text, options.allow_special_tokens,
+                                        options.add_special_tokens)
             return np.asarray(ids, dtype=np.int64), ns
         if inp.ids is not None:
             ids_arr = np.array(inp.ids, dtype=np.int64)  # buffer protocol: ~15x fromiter
@@ -250,26 +258,26 @@ class Admitter:
             self._metrics.untrained_lookups.labels(model.name).inc(len(idx))
         return idx
 
-    def untrained_per_sequence(self, admission: Admission) -> list[list[int]]:
+    def untrained_per_sequence(self, admitted: Admitted) -> list[list[int]]:
         """``untrained`` for each sequence, from one lookup over all of them."""
-        B = len(admission.sequences)
-        if admission.model.untrained is None:
+        B = len(admitted.sequences)
+        if admitted.model.untrained is None:
             return [[] for _ in range(B)]
-        flat = self.untrained(admission.model, admission.ids)  # indices into the N rows
+        flat = self.untrained(admitted.model, admitted.ids)  # indices into the N rows
         out: list[list[int]] = [[] for _ in range(B)]
         if flat:
-            starts = np.cumsum([0, *admission.lengths[:-1]])
+            starts = np.cumsum([0, *admitted.lengths[:-1]])
             owner = np.searchsorted(starts, flat, side="right") - 1  # sequence of each row
             for row, b in zip(flat, owner.tolist()):
                 out[b].append(row - int(starts[b]))
         return out
 
-    def account(self, admission: Admission, job: Job) -> None:
+    def account(self, admitted: Admitted, job: Job) -> None:
         """Record a finished job's tokens, bytes and queue time (on the event loop)."""
-        model = admission.model
-        nbytes = job.tokens * admission.dim * admission.itemsize
+        model = admitted.model
+        nbytes = job.tokens * admitted.dim * admitted.itemsize
         self._metrics.tokens.labels(model.name).inc(job.tokens)
         self._metrics.output_bytes.labels(model.name,
-                                          BY_WIRE[admission.options.dtype].name).inc(nbytes)
+                                          BY_WIRE[admitted.options.dtype].name).inc(nbytes)
         self._metrics.queue_duration.observe(job.queue_ns / 1e9)
 

@@ -1,52 +1,76 @@
-"""The engine: one object every front holds, from admitted request to rows in a destination.
+"""The engine: one object every front holds, and one call per request.
 
-``server.py`` builds it once (repository, admitter, batcher, shared-memory registry,
-limits, draining state) and hands it to each front. A front only translates its wire
-format into ``Options`` + ``Input``s and a destination for the rows, then calls
-``admit`` and ``run``; everything after that (the room check, the batch, the metrics of
-the work, tracing) is here, written once for every front.
+``server.py`` builds it once (repository, admission, batcher, shared-memory registry,
+limits, draining state) and hands it to each front. A front translates its wire into a
+``Request`` (options, inputs, the ``Reply`` its answer is laid out in, who asks, by when)
+and awaits ``Engine.embed``: the answer, ready for its transport, or one typed error
+(``service.errors``). Everything between is here, once for every front:
+
+    admit (whole size, tokenize, validate) → room in the queue → the reply's layout →
+    room in the answer budget (streams, REST) → the destination (response bytes or a
+    shared-memory region) → the batcher's lookup into it → metrics, tracing → answer
+
+The engine never calls into ``service/rpc``; its other entry points answer the requests
+that do no lookup (``tokenize``, ``detokenize``, ``read``, ``model``) and the
+shared-memory registry (``shm``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
-import torch
+import numpy as np
 
 from service import tracing
 from service.dtypes import BY_WIRE
-from service.engine.admission import Admission, Admitter, Input, Options
-from service.engine.batcher import Batcher, Destination, Timing
+from service.engine.admission import Admission, Admitted, Input, Options
+from service.engine.batcher import Batcher, Timing
+from service.engine.budgets import Hold
+from service.engine.replies import Reply
 from service.engine.repository import LoadedModel, Repository
 from service.engine.shm import Caller, SharedMemoryRegistry
-from service.engine.shm_plan import ShmPlan
-from service.engine.validation import Limits, check_text
+from service.engine.validation import Limits, check_ids, check_text
 from service.metrics import Metrics
 
-__all__ = ["Engine", "RowSlice"]
+__all__ = ["Engine", "Request"]
+
+R = TypeVar("R")
 
 
-class RowSlice:
-    """Rows of one sequence inside a larger output (a padded [B, T, C] tensor), as a
-    destination of their own; ``finish`` returns the timing."""
+@dataclass(frozen=True, slots=True)
+class Request(Generic[R]):
+    """One embedding request as every front hands it to the engine."""
+
+    options: Options
+    inputs: Sequence[Input]
+    reply: Reply[R]  # the answer's layout, and where the rows go
+    start_ns: int  # time.perf_counter_ns() when it arrived: total_ns runs from here
+    deadline: float | None = None  # time.monotonic() seconds; None = no deadline
+    request_id: str = ""  # for traces
+    caller: Caller | None = None  # who asks: owns the shared-memory region named, if any
+    hold: Hold | None = None  # the answer's place in an unsent-bytes budget, if any
+
+
+class _Slice:
+    """Rows of one sequence inside a padded [B, T, C] output, as a destination of their
+    own; the owner of the whole output is finished once all of them are written."""
 
     __slots__ = ("rows",)
 
-    def __init__(self, rows: torch.Tensor) -> None:
+    def __init__(self, rows: Any) -> None:
         self.rows = rows  # (T, C) view of the whole output
 
     def finish(self, timing: Timing) -> Timing:
-        """Nothing to complete: the owner of the whole output finishes it."""
         del self.rows
         return timing
 
 
 class Engine:
-    """Admission, batching and shared memory, shared by the native, OIP and HTTP fronts."""
+    """Admission, batching and shared memory, shared by the native, OIP and REST fronts."""
 
     def __init__(self, repo: Repository, batcher: Batcher, metrics: Metrics, limits: Limits,
                  tokenize_pool: ThreadPoolExecutor,
@@ -56,8 +80,7 @@ class Engine:
         self.metrics = metrics
         self.limits = limits
         self.shm = shm if shm is not None else SharedMemoryRegistry()
-        self.admitter = Admitter(repo, limits, tokenize_pool, metrics)
-        self._pool = tokenize_pool
+        self.admission = Admission(repo, limits, tokenize_pool, metrics)
         self.draining = False  # set once on SIGTERM: every front refuses new work
 
     @property
@@ -69,59 +92,70 @@ class Engine:
         """A loaded model version ("" = default, 0 = newest), or NOT_FOUND/UNAVAILABLE."""
         return self.repo.get(name, version)
 
-    async def admit(self, options: Options, inputs: Sequence[Input]) -> Admission:
-        """Validate and tokenize, then check there is room in the queue (before any
-        output is allocated, so an over-budget request costs nothing more)."""
-        admission = await self.admitter.admit(options, inputs)
-        self.batcher.check_room(admission.tokens)
-        return admission
+    async def embed(self, request: Request[R]) -> R:
+        """The request's rows, looked up into its reply; returns the answer."""
+        admitted = await self.admission.admit(request.options, request.inputs)
+        # Room in the queue before any output is allocated: a refusal costs nothing more.
+        self.batcher.check_room(admitted.tokens)
+        reply = request.reply
+        untrained = (self.admission.untrained_per_sequence(admitted)
+                     if reply.reports_untrained else None)
+        nbytes = reply.prepare(admitted, untrained)
+        if request.hold is not None:
+            await request.hold.take(nbytes)
+        plan = None
+        if reply.region is not None:
+            assert request.caller is not None, "a region is named on behalf of a caller"
+            lengths = admitted.lengths
+            shape = ((len(lengths), max(lengths), admitted.dim) if reply.padded
+                     else (admitted.tokens, admitted.dim))
+            out = reply.region
+            plan = self.shm.plan(request.caller, out.name, out.offset, shape,
+                                 BY_WIRE[admitted.options.dtype].torch, out.field,
+                                 out.byte_size)
+        dest = reply.destination(plan)
+        lengths = admitted.lengths
+        if not reply.padded or len(set(lengths)) == 1:  # one job: every row is written
+            job = admitted.job(dest, request.start_ns, request.deadline)
+            result = await self.batcher.submit(job)
+            self.admission.account(admitted, job)
+            tracing.record(admitted, job, request.request_id)
+            return result
+        return await self._padded(admitted, dest, request)
 
-    async def tokenize(self, model: LoadedModel, text: str, allow_special: bool,
-                       field: str = "text") -> list[int]:
-        """Text → ids on the tokenizer pool, after the text-size check."""
-        check_text(text, self.limits, field)
-        ids: list[int] = await asyncio.get_running_loop().run_in_executor(
-            self._pool, model.tokenizer.encode, text, allow_special)
-        return ids
-
-    def plan_shm(self, caller: Caller, region: str, offset: int, shape: tuple[int, ...],
-                 dtype: int, field: str, byte_size: int | None = None) -> ShmPlan:
-        """Rows of ``shape`` in the output ``dtype`` (wire enum) for one of the caller's
-        regions, bounds-checked now (against the region and the request's ``byte_size``)."""
-        return self.shm.plan(caller, region, offset, shape, BY_WIRE[dtype].torch, field,
-                             byte_size)
-
-    async def run(self, admission: Admission, dest: Destination, start_ns: int,
-                  deadline: float | None, request_id: str) -> Any:
-        """Every sequence, packed, into ``dest``; returns what ``dest.finish`` returns."""
-        job = admission.job(dest, start_ns, deadline)
-        result = await self.batcher.submit(job)
-        tracing.record(admission, job, request_id)  # tracing: spans from job.timing
-        self.admitter.account(admission, job)
-        return result
-
-    async def run_padded(self, admission: Admission, rows: torch.Tensor, dest: Destination,
-                         start_ns: int, deadline: float | None, request_id: str) -> Any:
-        """Sequences of different T into ``rows`` (B, T, C), rows past each sequence's
-        length zeroed: one job per sequence into its slice, then ``dest`` is finished."""
-        lengths = admission.lengths
-        if len(set(lengths)) == 1:
-            return await self.run(admission, dest, start_ns, deadline, request_id)
+    async def _padded(self, admitted: Admitted, dest: Any, request: Request[Any]) -> Any:
+        """Sequences of different T into [B, T, C] rows, rows past each sequence's length
+        zeroed: one job per sequence into its slice, then ``dest`` is finished."""
+        lengths = admitted.lengths
+        rows = dest.rows.view(len(lengths), max(lengths), admitted.dim)  # (B, T, C)
         for b, n in enumerate(lengths):
             rows[b, n:].zero_()  # (T - n, C) padding
-        jobs = [admission.job(RowSlice(rows[b, :n]), start_ns, deadline, [seq])
-                for b, (n, seq) in enumerate(zip(lengths, admission.sequences))]
+        jobs = [admitted.job(_Slice(rows[b, :n]), request.start_ns, request.deadline, [seq])
+                for b, (n, seq) in enumerate(zip(lengths, admitted.sequences))]
         timings = await asyncio.gather(*(self.batcher.submit(job) for job in jobs))
         for job in jobs:
-            self.admitter.account(admission, job)
-        tracing.record(admission, jobs[-1], request_id)  # the last sequence's queue/compute
+            self.admission.account(admitted, job)
+        tracing.record(admitted, jobs[-1], request.request_id)  # the last one's queue/compute
         return dest.finish(timings[-1])
 
-    def untrained(self, admission: Admission) -> list[list[int]]:
-        """Per sequence, the indices whose token row was never updated in training."""
-        return self.admitter.untrained_per_sequence(admission)
+    async def tokenize(self, name: str, version: int, text: str,
+                       allow_special: bool) -> tuple[LoadedModel, list[int]]:
+        """Text → ids with the model's tokenizer (the Tokenize RPC), after the size check."""
+        model = self.repo.get(name, version)
+        check_text(text, self.limits, "text")
+        ids, _ = await self.admission.encode(model, text, allow_special)
+        return model, ids
 
-    @staticmethod
-    def now_ns() -> int:
-        """The clock a request's ``start_ns`` is read from."""
-        return time.perf_counter_ns()
+    def detokenize(self, name: str, version: int, ids: Any) -> tuple[LoadedModel, str]:
+        """Ids → text (invalid UTF-8 becomes U+FFFD), every id checked against the vocab."""
+        model = self.repo.get(name, version)
+        array = np.array(ids, dtype=np.int64)
+        check_ids(array, model, "token_ids")
+        return model, model.tokenizer.decode(array.tolist())
+
+    async def read(self, options: Options, inputs: Sequence[Input]) -> Admitted:
+        """A request admitted as ``embed`` would admit it, without a lookup (the page's
+        view of its sequences: ids after truncation, the model's facts)."""
+        admitted = await self.admission.admit(options, inputs)
+        self.batcher.check_room(admitted.tokens)
+        return admitted

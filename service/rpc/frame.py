@@ -11,8 +11,9 @@ is set. The frame resolves each caller's identity (``identity.Identities``: a to
 a client certificate's subject, or "" when auth is off) and its transport peer onto the
 ``Call``; shared memory uses both.
 
-Servicer methods take ``(request, call)`` and return a message or pre-encoded bytes
-(``codec``): bytes pass through, messages are serialised. Stream methods take
+Servicer methods take ``(request, call)`` and return a message or pre-encoded bytes (an
+answer the engine laid out in place): bytes pass through, messages are serialised. A
+request whose bytes do not parse reaches its method as an ``Undecodable``. Stream methods take
 ``(requests, call)`` and run each item with ``Frame.run`` themselves.
 """
 
@@ -27,14 +28,22 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from service.engine.engine import Engine
-from service.errors import EmbedError, Unauthenticated, Unavailable, quote, status_for
-from service.rpc import codec
+from service.engine import Engine
+from service.errors import (
+    EmbedError,
+    InvalidArgument,
+    Unauthenticated,
+    Unavailable,
+    quote,
+    status_for,
+)
 from service.rpc.identity import Identities
 
-__all__ = ["OPEN_SERVICES", "UNKNOWN_MODEL", "Call", "Frame", "Refused", "item_call"]
+__all__ = ["OPEN_SERVICES", "UNKNOWN_MODEL", "Call", "Frame", "Refused", "Undecodable",
+           "item_call"]
 
 OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
 UNKNOWN_MODEL = "_unknown"  # metric label for requests naming a model that is not loaded
@@ -72,7 +81,7 @@ class Frame:
         self.engine = engine
         self.identities = identities if identities is not None else Identities(auth_token)
 
-    def admit(self, call: Call) -> None:
+    def authorize(self, call: Call) -> None:
         """Credentials, then draining: the checks before any work."""
         if self.identities.required and not (
                 call.identity or self.identities.resolve(call.authorization)):
@@ -87,7 +96,7 @@ class Frame:
         metrics.inflight += 1
         code = grpc.StatusCode.INTERNAL  # a BaseException other than cancellation
         try:
-            self.admit(call)
+            self.authorize(call)
             result = await body()
             code = grpc.StatusCode.OK
             return result
@@ -124,7 +133,7 @@ class Frame:
         handlers = {}
         for method in descriptor.methods:
             fn = getattr(servicer, method.name)
-            parse = codec.request_parser(GetMessageClass(method.input_type))
+            parse = _parser(GetMessageClass(method.input_type))
             if method.client_streaming and method.server_streaming:
                 handlers[method.name] = grpc.stream_stream_rpc_method_handler(
                     self._grpc_stream(method.name, fn), parse, _serialize)
@@ -139,7 +148,7 @@ class Frame:
                     labels: Callable[[str, Any], tuple[str, str]]) -> Any:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start_ns = time.perf_counter_ns()
-            if isinstance(request, codec.Undecodable):
+            if isinstance(request, Undecodable):
                 call = grpc_call(rpc, context, start_ns, identities=self.identities)
                 body: Callable[[], Awaitable[Any]] = request.fail
             else:
@@ -160,7 +169,7 @@ class Frame:
             call = grpc_call(rpc, context, time.perf_counter_ns(), identities=self.identities)
             try:
                 try:
-                    self.admit(call)  # the stream's own credentials; each item is framed too
+                    self.authorize(call)  # the stream's own credentials; each item is framed too
                 except EmbedError as e:
                     await self.run(call, _raise(e))  # counted like any refusal
                 async for response in fn(requests, call):
@@ -203,8 +212,36 @@ def grpc_call(rpc: str, context: grpc.aio.ServicerContext, start_ns: int, model:
                 context.peer() or "")
 
 
+class Undecodable:
+    """A request whose bytes did not parse (e.g. bad UTF-8 in a string field). Handlers
+    answer it with INVALID_ARGUMENT; grpc would otherwise answer UNKNOWN, or, inside a
+    stream, end the request iterator with an exception the servicer never sees."""
+
+    model = ""  # read for metric labels before the request is checked
+    request_id = ""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    async def fail(self) -> Any:
+        """Raise the request's INVALID_ARGUMENT (as a handler body)."""
+        raise InvalidArgument(self.message)
+
+
+def _parser(message: type[Message]) -> Callable[[bytes], Message | Undecodable]:
+    """A request deserializer that turns a DecodeError into an ``Undecodable``."""
+    def parse(data: bytes) -> Message | Undecodable:
+        try:
+            return message.FromString(data)
+        except DecodeError as e:
+            return Undecodable(str(e))
+
+    return parse
+
+
 def _serialize(response: Any) -> bytes:
-    """Pre-encoded bytes pass through (``codec``); messages are serialised."""
+    """Pre-encoded bytes pass through (an answer laid out in place); messages are
+    serialised."""
     if isinstance(response, bytes):
         return response
     data: bytes = response.SerializeToString()

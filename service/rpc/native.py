@@ -1,37 +1,38 @@
-"""The native face, ``embedding.v1.EmbeddingService``: validate → tokenize → batch → encode.
+"""The native face, ``embedding.v1.EmbeddingService``.
 
-Methods stay thin: they turn a message into ``Options`` + ``Input``s and a destination
-(the pre-encoded response bytes of ``codec``, or a shared-memory region) and hand them to
-the engine. Auth, draining, deadline, metrics and status codes are the frame's.
+Methods stay thin: each turns its message into the engine's vocabulary (``Options``,
+``Input``s, the ``NativeReply`` its answer is laid out in) and makes one engine call.
+Auth, draining, deadline, metrics and status codes are the frame's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-import numpy as np
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service.engine.admission import Admission, Input, Inputs, Options
-from service.engine.engine import Engine
-from service.engine.repository import LoadedModel
-from service.engine.shm_plan import ShmDestination
-from service.engine.validation import Fitted, check_ids
+from service.engine import (
+    Engine,
+    Input,
+    Inputs,
+    LoadedModel,
+    NativeReply,
+    Options,
+    Request,
+    StreamBudgets,
+    StreamTurn,
+)
 from service.format.tokenizer import TokenizerSpec
-from service.rpc import codec
-from service.rpc.frame import Call, Frame
-from service.rpc.pacing import StreamBudgets
+from service.rpc.frame import Call, Frame, Undecodable
 
 __all__ = ["SERVICE_NAME", "NativeFront"]
 
 SERVICE_NAME = "embedding.v1.EmbeddingService"
 STREAM_WINDOW = 64  # requests of one stream in flight at once: pipelining with backpressure
-Reserve = Callable[[int], Awaitable[None]]  # wait for room for an answer of n bytes
 
 
 class NativeFront:
@@ -52,55 +53,18 @@ class NativeFront:
 
     # -- embedding RPCs -------------------------------------------------------------------
 
-    async def _embed_one(self, request: pb.EmbedRequest, call: Call,
-                         reserve: Reserve | None = None) -> bytes:
-        if isinstance(request, codec.Undecodable):  # a stream item that did not parse
+    async def Embed(self, request: pb.EmbedRequest, call: Call,
+                    turn: StreamTurn | None = None) -> bytes:
+        """One sequence → [T, C]."""
+        if isinstance(request, Undecodable):  # a stream item that did not parse
             await request.fail()
         kind = request.WhichOneof("input")
-        admission = await self.engine.admit(_options(request), [Input(
-            "input", text=request.text if kind == "text" else None,
-            ids=request.token_ids.ids if kind == "token_ids" else None,
-            start_position=request.start_position)])
-        (fitted,) = admission.sequences
-        model = admission.model
-        (untrained,) = self.engine.untrained(admission)
-        fields = pb.EmbedResponse(
-            token_ids=_echo(request, fitted), start_position=fitted.start_position,
-            model=model.name,
-            version=model.version, checkpoint_id=model.checkpoint_id,
-            truncated_tokens=fitted.truncated_tokens, untrained_token_indices=untrained,
-            request_id=request.request_id)
-        return await self._run(admission, fields, call, _shm_output(request), reserve)
-
-    async def _run(self, admission: Admission, fields: Any, call: Call,
-                   output: pb.SharedMemoryOutput | None = None,
-                   reserve: Reserve | None = None) -> bytes:
-        """Plan where the rows go (the response bytes, or a shared-memory region), then
-        batch the lookup into it. ``reserve`` (streams) waits for room for the answer's
-        bytes before anything is allocated."""
-        shape = (admission.tokens, admission.dim)
-        dtype = admission.options.dtype
-        if reserve is not None:
-            rows = shape[0] * shape[1] * admission.itemsize if output is None else 0
-            await reserve(rows + fields.ByteSize() + codec.TIMING_BYTES + 64)
-        dest: codec.ResponseWriter | ShmDestination
-        if output is None:
-            dest = codec.Reply(fields, shape, dtype).allocate()
-        else:
-            plan = self.engine.plan_shm(call, output.region, output.offset, shape, dtype,
-                                        "output")
-            fields.embeddings.shape[:] = shape
-            fields.embeddings.dtype = dtype
-            fields.output.region, fields.output.offset = output.region, output.offset
-            fields.output.byte_size = plan.byte_size
-            dest = plan.destination(lambda timing: _with_timing(fields, timing))
-        data: bytes = await self.engine.run(admission, dest, call.start_ns, call.deadline,
-                                             fields.request_id)
-        return data
-
-    async def Embed(self, request: pb.EmbedRequest, call: Call) -> bytes:
-        """One sequence → [T, C]."""
-        return await self._embed_one(request, call)
+        inputs = [Input("input", text=request.text if kind == "text" else None,
+                        ids=request.token_ids.ids if kind == "token_ids" else None,
+                        start_position=request.start_position)]
+        return await self.engine.embed(Request(
+            _options(request), inputs, NativeReply(request), call.start_ns, call.deadline,
+            request.request_id, call, turn))
 
     async def EmbedBatch(self, request: pb.EmbedBatchRequest, call: Call) -> bytes:
         """Many sequences → one packed [ΣT, C] with B+1 offsets, in one job."""
@@ -113,18 +77,9 @@ class NativeFront:
                                  start_position=inp.start_position))
             return out
 
-        admission = await self.engine.admit(_options(request),
-                                            Inputs(len(request.inputs), inputs))
-        model = admission.model
-        offsets = np.cumsum([0, *admission.lengths]).tolist()
-        untrained = self.engine.untrained(admission)
-        items = [pb.BatchItem(token_ids=_echo(inp, f), start_position=f.start_position,
-                              truncated_tokens=f.truncated_tokens, untrained_token_indices=u)
-                 for inp, f, u in zip(request.inputs, admission.sequences, untrained)]
-        fields = pb.EmbedBatchResponse(
-            offsets=offsets, items=items, model=model.name, version=model.version,
-            checkpoint_id=model.checkpoint_id, request_id=request.request_id)
-        return await self._run(admission, fields, call, _shm_output(request))
+        return await self.engine.embed(Request(
+            _options(request), Inputs(len(request.inputs), inputs), NativeReply(request),
+            call.start_ns, call.deadline, request.request_id, call))
 
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest],
                           call: Call) -> AsyncIterator[bytes]:
@@ -145,8 +100,7 @@ class NativeFront:
             try:
                 return await self.frame.item(
                     call, request.model, request.request_id,
-                    lambda item: self._embed_one(request, item,
-                                                 functools.partial(pacer.reserve, seq)))
+                    lambda item: self.Embed(request, item, StreamTurn(pacer, seq)))
             finally:
                 pacer.skip(seq)  # refused before reserving: the next answer's turn
 
@@ -191,19 +145,17 @@ class NativeFront:
 
     async def Tokenize(self, request: pb.TokenizeRequest, call: Call) -> pb.TokenizeResponse:
         """Text → ids and each token's bytes."""
-        model = self.engine.model(request.model, request.version)
-        ids = await self.engine.tokenize(model, request.text, request.allow_special_tokens)
+        model, ids = await self.engine.tokenize(request.model, request.version, request.text,
+                                                request.allow_special_tokens)
         return pb.TokenizeResponse(token_ids=ids, tokens=model.tokenizer.token_bytes(ids),
                                    model=model.name, version=model.version)
 
     async def Detokenize(self, request: pb.DetokenizeRequest,
                          call: Call) -> pb.DetokenizeResponse:
         """Ids → text (invalid UTF-8 becomes U+FFFD)."""
-        model = self.engine.model(request.model, request.version)
-        ids = np.array(request.token_ids, dtype=np.int64)
-        check_ids(ids, model, "token_ids")
-        return pb.DetokenizeResponse(text=model.tokenizer.decode(ids.tolist()),
-                                     model=model.name, version=model.version)
+        model, text = self.engine.detokenize(request.model, request.version,
+                                             request.token_ids)
+        return pb.DetokenizeResponse(text=text, model=model.name, version=model.version)
 
     async def ListModels(self, request: pb.ListModelsRequest,
                          call: Call) -> pb.ListModelsResponse:
@@ -278,24 +230,3 @@ def _tokenizer_info(spec: TokenizerSpec | None) -> pb.TokenizerInfo:
         return pb.TokenizerInfo()
     return pb.TokenizerInfo(encoding=spec.encoding, file=spec.file, sha256=spec.sha256,
                             special_tokens=spec.special_tokens, kind=spec.kind)
-
-
-def _echo(inp: pb.EmbedRequest | pb.EmbedInput, fitted: Fitted) -> Any:
-    """The ids an answer echoes: the request's own repeated field when it was kept whole
-    (no tensor -> list -> proto round trip), else the ids as fitted (tokenized, truncated)."""
-    if inp.WhichOneof("input") == "token_ids" and not fitted.truncated_tokens:
-        return inp.token_ids.ids
-    return fitted.ids.tolist()
-
-
-def _shm_output(request: pb.EmbedRequest | pb.EmbedBatchRequest
-                ) -> pb.SharedMemoryOutput | None:
-    return request.output if request.HasField("output") else None
-
-
-def _with_timing(fields: Any, timing: Any) -> bytes:
-    """A shared-memory response: the small fields plus the timing, serialised."""
-    fields.timing.CopyFrom(pb.Timing(queue_ns=timing.queue_ns, tokenize_ns=timing.tokenize_ns,
-                                     compute_ns=timing.compute_ns, total_ns=timing.total_ns))
-    data: bytes = fields.SerializeToString()
-    return data

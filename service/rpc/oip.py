@@ -25,18 +25,13 @@ from importlib import metadata
 from typing import Any
 
 import grpc
-import numpy as np
 
 from genproto.inference.v2 import grpc_service_pb2 as oip
-from service.dtypes import BY_WIRE
-from service.engine.admission import Options
-from service.engine.engine import Engine
+from service.engine import Engine, OipReply, Options, RegionOutput, Request
 from service.errors import EmbedError
-from service.rpc import codec
 from service.rpc.frame import Call, Frame
 from service.rpc.oip_tensors import (
-    DATATYPES,
-    model_parameters,
+    model_metadata,
     model_version,
     output_dtype,
     read_input,
@@ -48,7 +43,6 @@ __all__ = ["OIP_SERVICE_NAME", "OipFront"]
 
 OIP_SERVICE_NAME = "inference.GRPCInferenceService"
 EXTENSIONS = ["parameters", "system_shared_memory"]  # what ServerMetadata advertises
-_RAW_OUTPUT_FIELD = 6  # ModelInferResponse.raw_output_contents
 
 
 class OipFront:
@@ -97,16 +91,17 @@ class OipFront:
     async def ModelMetadata(self, request: oip.ModelMetadataRequest,
                             call: Call) -> oip.ModelMetadataResponse:
         """The model's tensors: exactly what ModelInfer takes and returns."""
-        model = self.engine.model(request.name, _version(request.version))
-        meta = oip.ModelMetadataResponse.TensorMetadata
+        meta = model_metadata(self.engine.model(request.name, _version(request.version)))
+        tensor = oip.ModelMetadataResponse.TensorMetadata
         response = oip.ModelMetadataResponse(
-            name=model.name, versions=[str(model.version)], platform="embedding",
-            inputs=[meta(name="input_ids", datatype="INT64", shape=[-1, -1]),
-                    meta(name="text", datatype="BYTES", shape=[-1])],
-            outputs=[meta(name="embeddings", datatype="FP32",
-                          shape=[-1, -1, model.tables.width]),
-                     meta(name="sequence_lengths", datatype="INT64", shape=[-1])])
-        model_parameters(response.parameters, model.checkpoint.manifest)
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+            inputs=[tensor(**t) for t in meta["inputs"]],
+            outputs=[tensor(**t) for t in meta["outputs"]])
+        for key, value in meta["parameters"].items():
+            if isinstance(value, int):
+                response.parameters[key].int64_param = value
+            else:
+                response.parameters[key].string_param = value
         return response
 
     async def RepositoryIndex(self, request: oip.RepositoryIndexRequest,
@@ -130,45 +125,10 @@ class OipFront:
                           params["compose"], dtype, params["truncate"],
                           params["allow_special_tokens"], params["add_special_tokens"],
                           in_message=shm is None)
-        admission = await self.engine.admit(options, inputs)
-        model = admission.model
-        lengths = admission.lengths
-        B, T, C = len(lengths), max(lengths), admission.dim
-        out = oip.ModelInferResponse.InferOutputTensor
-        fields = oip.ModelInferResponse(
-            model_name=model.name, model_version=str(model.version), id=request.id,
-            outputs=[out(name="embeddings", datatype=DATATYPES[dtype], shape=[B, T, C])])
-        fields.parameters["checkpoint_id"].string_param = model.checkpoint_id
-        fields.parameters["truncated_tokens"].int64_param = sum(
-            f.truncated_tokens for f in admission.sequences)
-        fields.parameters["start_position"].int64_param = admission.sequences[0].start_position
-        if "sequence_lengths" in wanted:
-            fields.outputs.append(out(name="sequence_lengths", datatype="INT64", shape=[B]))
-        dest: Any
-        if shm is not None:
-            region, offset, limit = shm
-            plan = self.engine.plan_shm(call, region, offset, (B, T, C), dtype,
-                                        "outputs['embeddings']", limit)
-            p = fields.outputs[0].parameters
-            p["shared_memory_region"].string_param = region
-            p["shared_memory_offset"].int64_param = offset
-            p["shared_memory_byte_size"].int64_param = plan.byte_size
-            if "sequence_lengths" in wanted:  # small: travels in the response
-                fields.outputs[1].contents.int64_contents.extend(lengths)
-            rows = plan.rows  # (B, T, C)
-            dest = plan.destination(lambda _: fields.SerializeToString())
-        else:
-            suffix = fields.SerializeToString()
-            if "sequence_lengths" in wanted:  # raw_output_contents[1], after the rows
-                raw = np.asarray(lengths, dtype="<i8").tobytes()
-                suffix += codec.bytes_field_prefix(_RAW_OUTPUT_FIELD, len(raw)) + raw
-            nbytes = B * T * C * BY_WIRE[dtype].itemsize
-            dest = codec.ResponseWriter(codec.bytes_field_prefix(_RAW_OUTPUT_FIELD, nbytes),
-                                        (B * T, C), BY_WIRE[dtype].torch, suffix, None)
-            rows = dest.rows.view(B, T, C)
-        result: bytes = await self.engine.run_padded(admission, rows, dest, call.start_ns,
-                                                     call.deadline, request.id)
-        return result
+        region = None if shm is None else RegionOutput(*shm, "outputs['embeddings']")
+        return await self.engine.embed(Request(
+            options, inputs, OipReply(request.id, wanted, region), call.start_ns,
+            call.deadline, request.id, call))
 
     # -- shared memory (Triton's system shared-memory extension) --------------------------
 

@@ -1,13 +1,16 @@
-"""Reading an OIP ``ModelInferRequest``: its parameters, outputs and input tensors.
+"""What the Open Inference Protocol's two wires share: reading a request's parameters,
+outputs and input tensor, and describing a model (``ModelMetadata``).
 
-Pure functions from the message to admission's vocabulary (``Input``, proto enum numbers)
-or an ``InvalidArgument`` naming the tensor, parameter and limit.
+The gRPC front (``oip.py``) and the REST front (``http/``) both read their tensors here, so
+both answer a request with the same values and messages; pure functions from the request
+to the engine's vocabulary (``Input``, proto enum numbers) or an ``InvalidArgument`` naming
+the tensor, parameter and limit.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,11 +18,10 @@ import numpy as np
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.dtypes import BY_OIP, BY_WIRE
-from service.engine.admission import Input, Inputs
+from service.engine import Input, Inputs, LoadedModel
 from service.errors import InvalidArgument, quote
-from service.format.checkpoint import Manifest
 
-__all__ = ["DATATYPES", "ONE_INPUT", "datatype", "model_parameters", "model_version",
+__all__ = ["DATATYPES", "ONE_INPUT", "datatype", "model_metadata", "model_version",
            "output_dtype", "output_names", "parameters", "read_input", "read_tensor",
            "request_parameters", "requested_outputs"]
 
@@ -170,28 +172,34 @@ def read_input(request: oip.ModelInferRequest, start_position: int) -> Inputs:
         raise InvalidArgument(f"{len(request.inputs)} input tensors [{names}]: {ONE_INPUT}")
     tensor = request.inputs[0]
     raw = request.raw_input_contents[0] if request.raw_input_contents else None
-    return read_tensor(tensor, raw, start_position)
+    contents = tensor.contents
+    ints = contents.int64_contents if tensor.datatype == "INT64" else contents.int_contents
+    return read_tensor(tensor.name, tensor.datatype, tensor.shape, start_position, raw=raw,
+                       ints=ints, texts=contents.bytes_contents)
 
 
-def read_tensor(tensor: Any, raw: bytes | None, start_position: int) -> Inputs:
-    """The sequences of one input tensor: anything with the message's ``name``,
-    ``datatype`` and ``shape`` (and ``contents`` when ``raw`` is None).
+def read_tensor(name: str, datatype: str, shape: Sequence[int], start_position: int, *,
+                raw: bytes | None = None, ints: Sequence[int] = (),
+                texts: Sequence[bytes] = ()) -> Inputs:
+    """The sequences of one input tensor, from its binary form (``raw``) or else its typed
+    values (``ints`` for ids, ``texts`` for UTF-8 strings).
 
-    The declared shape is checked against the contents here, in O(1); the sequences are
+    The declared shape is checked against the values here, in O(1); the sequences are
     built only when admission reads them, after it has checked B against its limit.
     """
-    if tensor.name == "input_ids":
-        return _ids(tensor, raw, start_position)
-    if tensor.name == "text":
-        return _texts(tensor, raw, start_position)
-    raise InvalidArgument(f"input {quote(tensor.name)} is not an input of this model "
+    if name == "input_ids":
+        return _ids(datatype, shape, raw, ints, start_position)
+    if name == "text":
+        return _texts(datatype, shape, raw, texts, start_position)
+    raise InvalidArgument(f"input {quote(name)} is not an input of this model "
                           f"(inputs: input_ids, text)")
 
 
-def _shape(tensor: Any, name: str, expected: str, ranks: tuple[int, ...]) -> list[int]:
+def _shape(declared: Sequence[int], name: str, expected: str,
+           ranks: tuple[int, ...]) -> list[int]:
     """The declared shape: the right rank and every dimension >= 1 (a zero dimension
     would declare B sequences of nothing, each costing work before being refused)."""
-    shape = list(tensor.shape)
+    shape = list(declared)
     if len(shape) not in ranks or any(d < 1 for d in shape):
         shown = shape if len(shape) <= 4 else [*shape[:4], "..."]
         raise InvalidArgument(f"input {name!r} has shape {shown}; expected {expected} with "
@@ -199,54 +207,51 @@ def _shape(tensor: Any, name: str, expected: str, ranks: tuple[int, ...]) -> lis
     return shape
 
 
-def _ids(tensor: Any, raw: bytes | None, start_position: int) -> Inputs:
-    dt = _ID_TYPES.get(tensor.datatype)
+def _ids(datatype: str, shape: Sequence[int], raw: bytes | None, ints: Sequence[int],
+         start_position: int) -> Inputs:
+    dt = _ID_TYPES.get(datatype)
     if dt is None:
-        raise InvalidArgument(f"input 'input_ids' has datatype {quote(tensor.datatype, 16)}; "
+        raise InvalidArgument(f"input 'input_ids' has datatype {quote(datatype, 16)}; "
                               f"expected INT64 or INT32")
-    B, T = _shape(tensor, "input_ids", "[B, T]", (2,))
+    B, T = _shape(shape, "input_ids", "[B, T]", (2,))
     count = B * T  # Python ints: no overflow; compared with what was sent before any use
     if raw is not None:
         if len(raw) != count * dt.itemsize:
-            raise InvalidArgument(f"input 'input_ids' {tensor.datatype} [{B}, {T}] needs "
+            raise InvalidArgument(f"input 'input_ids' {datatype} [{B}, {T}] needs "
                                   f"{count * dt.itemsize} bytes of raw_input_contents; got "
                                   f"{len(raw)}")
-    else:
-        typed = (tensor.contents.int64_contents if dt.itemsize == 8
-                 else tensor.contents.int_contents)
-        if len(typed) != count:
-            raise InvalidArgument(f"input 'input_ids' [{B}, {T}] needs {count} values in "
-                                  f"contents; got {len(typed)}")
+    elif len(ints) != count:
+        raise InvalidArgument(f"input 'input_ids' [{B}, {T}] needs {count} values in "
+                              f"contents; got {len(ints)}")
 
     def build() -> list[Input]:
         if raw is not None:
             ids = np.frombuffer(raw, dtype=dt).astype(np.int64).reshape(B, T)
         else:
-            ids = np.array(typed, dtype=np.int64).reshape(B, T)
+            ids = np.array(ints, dtype=np.int64).reshape(B, T)
         return [Input(f"input_ids[{b}]", ids=ids[b], start_position=start_position,
                       value_field=f"input_ids[{b}]") for b in range(B)]
 
     return Inputs(B, build)
 
 
-def _texts(tensor: Any, raw: bytes | None, start_position: int) -> Inputs:
-    if tensor.datatype != "BYTES":
-        raise InvalidArgument(f"input 'text' has datatype {quote(tensor.datatype, 16)}; "
+def _texts(datatype: str, declared: Sequence[int], raw: bytes | None,
+           texts: Sequence[bytes], start_position: int) -> Inputs:
+    if datatype != "BYTES":
+        raise InvalidArgument(f"input 'text' has datatype {quote(datatype, 16)}; "
                               f"expected BYTES")
-    shape = _shape(tensor, "text", "[B] (or [B, 1])", (1, 2))
+    shape = _shape(declared, "text", "[B] (or [B, 1])", (1, 2))
     if len(shape) == 2 and shape[1] != 1:
         raise InvalidArgument(f"input 'text' has shape {shape}; expected [B] (or [B, 1])")
     B = shape[0]
-    if raw is None and len(tensor.contents.bytes_contents) != B:
-        raise InvalidArgument(f"input 'text' {shape} needs {B} strings; got "
-                              f"{len(tensor.contents.bytes_contents)}")
+    if raw is None and len(texts) != B:
+        raise InvalidArgument(f"input 'text' {shape} needs {B} strings; got {len(texts)}")
     if raw is not None and len(raw) < 4 * B:  # each element has a 4-byte length
         raise InvalidArgument(f"input 'text' {shape} needs {B} strings; raw_input_contents "
                               f"has {len(raw)} bytes, fewer than their {4 * B} length bytes")
 
     def build() -> list[Input]:
-        items = (_split_bytes(raw, B) if raw is not None
-                 else list(tensor.contents.bytes_contents))
+        items = _split_bytes(raw, B) if raw is not None else list(texts)
         if len(items) != B:
             raise InvalidArgument(f"input 'text' {shape} needs {B} strings; got {len(items)}")
         inputs = []
@@ -281,12 +286,20 @@ def _split_bytes(raw: bytes, count: int) -> list[bytes]:
     return items
 
 
-def model_parameters(params: Any, m: Manifest) -> None:
-    """ModelMetadata's ``parameters`` (an extension field): family, rules, tokenizer and
-    the default compose's width, as the native ModelInfo states them."""
+def model_metadata(model: LoadedModel) -> dict[str, Any]:
+    """``ModelMetadata`` as both wires state it: the tensors ModelInfer takes and returns
+    (``embeddings`` at the width the default compose serves) and the model's family,
+    rules, tokenizer and width as ``parameters`` (an extension field)."""
+    m = model.checkpoint.manifest
     tok = m.tokenizer
-    params["family"].string_param = m.family
-    params["rules"].string_param = m.rules.describe()
-    params["tokenizer"].string_param = ("none (ids-only)" if tok is None
-                                        else f"{tok.kind}:{tok.file}")
-    params["hidden_size"].int64_param = m.width
+    return {
+        "name": model.name, "versions": [str(model.version)], "platform": "embedding",
+        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
+                   {"name": "text", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "embeddings", "datatype": "FP32",
+                     "shape": [-1, -1, model.tables.width]},
+                    {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}],
+        "parameters": {"family": m.family, "rules": m.rules.describe(),
+                       "tokenizer": ("none (ids-only)" if tok is None
+                                     else f"{tok.kind}:{tok.file}"),
+                       "hidden_size": m.width}}

@@ -48,7 +48,9 @@ def test_health_metadata_and_index(server: ServerHandle) -> None:
         "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
                    {"name": "text", "datatype": "BYTES", "shape": [-1]}],
         "outputs": [{"name": "embeddings", "datatype": "FP32", "shape": [-1, -1, DIM]},
-                    {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}]}
+                    {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}],
+        "parameters": {"family": "", "rules": "none", "tokenizer": "tiktoken:tokenizer.tiktoken",
+                       "hidden_size": DIM}}
     assert request(port, "GET", "/v2/models/tiny").json() == expected
     assert request(port, "GET", "/v2/models/tiny/versions/1").json() == expected
     assert request(port, "GET", "/v2/models/tiny/ready").json() == {"name": "tiny",
@@ -180,9 +182,10 @@ def test_one_engine_and_no_grpc_front_imported(server: ServerHandle) -> None:
     assert s.http is not None
     assert s.http.engine is s.engine is s.fronts[0].engine is s.fronts[1].engine
     assert s.http.frame is s.frame
-    rpc = Path(__file__).resolve().parents[2] / "service" / "rpc"
-    for name in ("http.py", "http_tensors.py"):
-        tree = ast.parse((rpc / name).read_text())
+    rest = Path(__file__).resolve().parents[2] / "service" / "rpc" / "http"
+    for path in sorted(rest.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        name = path.name
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
             a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not imported & {"service.rpc.oip", "service.rpc.native"}, name

@@ -60,7 +60,9 @@ def test_health_and_metadata(client: th.InferenceServerClient) -> None:
         "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
                    {"name": "text", "datatype": "BYTES", "shape": [-1]}],
         "outputs": [{"name": "embeddings", "datatype": "FP32", "shape": [-1, -1, DIM]},
-                    {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}]}
+                    {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}],
+        "parameters": {"family": "", "rules": "none", "tokenizer": "tiktoken:tokenizer.tiktoken",
+                       "hidden_size": DIM}}
     assert client.get_server_metadata()["extensions"] == ["parameters", "binary_tensor_data"]
 
 

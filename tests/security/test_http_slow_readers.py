@@ -26,7 +26,7 @@ from tests.tiny_model import MAX_SEQ_LEN, start
 HTTP_AUTH = {"Authorization": f"Bearer {TOKEN}"}
 B = 512  # x 64 tokens x 128 x 4 B: a 16 MiB answer, far past what loopback buffers take
 ROWS = B * MAX_SEQ_LEN * WIDE_DIM * 4
-BOUND = ROWS + 24 * B * 2 + 4096  # what the server holds for it (http_tensors.answer_bound)
+BOUND = ROWS + 24 * B * 2 + 4096  # what the server holds for it (RestReply.prepare)
 BIG_LIMITS = {"auth_token": TOKEN, "max_inputs_per_request": B,
               "max_tokens_per_request": B * MAX_SEQ_LEN}
 

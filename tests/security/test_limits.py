@@ -136,7 +136,7 @@ def test_pacing_grants_in_request_order_and_skips_refused_answers() -> None:
     passes its turn on, and a stream holding nothing always takes one answer."""
     import asyncio
 
-    from service.rpc.pacing import StreamBudgets
+    from service.engine.budgets import StreamBudgets
 
     async def scenario() -> list[str]:
         budgets = StreamBudgets(per_stream=100, total=150)

@@ -16,7 +16,7 @@ const VECTORS = JSON.parse(
 const entries = (list) => list.filter((v) => v._about === undefined);
 
 function pageParser() {
-  const source = fs.readFileSync(path.join(ROOT, 'service', 'rpc', 'page', 'page.js'), 'utf8');
+  const source = fs.readFileSync(path.join(ROOT, 'service', 'rpc', 'http', 'page', 'page.js'), 'utf8');
   const start = source.indexOf('function parseIdList(');
   const end = source.indexOf('// end parseIdList');
   assert.ok(start >= 0 && end > start, 'page.js has no parseIdList ... // end parseIdList');
@@ -45,7 +45,7 @@ test('node client: every id-list vector', () => checkIdLists(parseIds));
 test('page: every id-list vector', () => checkIdLists(pageParser()));
 
 test('the page uses parseIdList for its ids', () => {
-  const source = fs.readFileSync(path.join(ROOT, 'service', 'rpc', 'page', 'page.js'), 'utf8');
+  const source = fs.readFileSync(path.join(ROOT, 'service', 'rpc', 'http', 'page', 'page.js'), 'utf8');
   assert.match(source, /= parseIdList\(/);
 });
 

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
+from service.dtypes import BY_WIRE
 from service.engine.batcher import Batcher, Job
+from service.engine.message import MessageBuffer, message_head, timing_tag
 from service.engine.tables import (
     COMPOSE_POSITION_ONLY,
     COMPOSE_TOKEN_ONLY,
@@ -20,7 +22,6 @@ from service.engine.tables import (
     positions_of,
 )
 from service.errors import DeadlineExceeded, ResourceExhausted
-from service.rpc import codec
 from tests.tiny_model import tiny_tables
 
 
@@ -32,9 +33,11 @@ def tables() -> EmbeddingTables:
 
 def job(tables: EmbeddingTables, ids: list[int], seen: list[Job],
         deadline: float | None = None, dtype: int = pb.DTYPE_FLOAT32) -> Job:
-    reply = codec.Reply(pb.EmbedResponse(), (len(ids), tables.dim), dtype)
-    j = Job(tables, torch.tensor(ids), [(0, len(ids))], COMPOSE_TOKEN_PLUS_POSITION,
-            reply.allocate(),
+    shape = (len(ids), tables.dim)
+    fields = pb.EmbedResponse()
+    buffer = MessageBuffer(message_head(*shape, dtype), shape, BY_WIRE[dtype].torch,
+                           fields.SerializeToString(), timing_tag(fields.DESCRIPTOR))
+    j = Job(tables, torch.tensor(ids), [(0, len(ids))], COMPOSE_TOKEN_PLUS_POSITION, buffer,
             time.perf_counter_ns(), 0, deadline)
     seen.append(j)
     return j

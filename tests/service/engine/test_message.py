@@ -1,20 +1,30 @@
-"""Responses laid out by the codec parse as the ordinary protobuf message."""
+"""Responses laid out in place (``MessageBuffer``) parse as the ordinary protobuf message."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from google.protobuf.message import Message
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.dtypes import BY_WIRE
 from service.engine.batcher import Timing
-from service.rpc import codec
+from service.engine.message import (
+    TIMING_BYTES,
+    MessageBuffer,
+    message_head,
+    padded_varint,
+    timing_tag,
+)
 
 
-def fill(reply: codec.Reply, rows: torch.Tensor, timing: tuple[int, int, int, int]) -> bytes:
-    writer = reply.allocate()
-    writer.rows.copy_(rows)
-    return writer.finish(Timing(*timing))
+def fill(fields: Message, shape: tuple[int, int], dtype: int, rows: torch.Tensor,
+         timing: tuple[int, int, int, int]) -> bytes:
+    """The response the native reply lays out: head, rows, the other fields, timing."""
+    buffer = MessageBuffer(message_head(*shape, dtype), shape, BY_WIRE[dtype].torch,
+                           fields.SerializeToString(), timing_tag(fields.DESCRIPTOR))
+    buffer.rows.copy_(rows)
+    return buffer.finish(Timing(*timing))
 
 
 @pytest.mark.parametrize("dtype", [pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT16, pb.DTYPE_BFLOAT16])
@@ -32,31 +42,26 @@ def test_reply_equals_generic_serialisation(dtype: int, T: int) -> None:
     generic.embeddings.data = data.numpy().tobytes()
     generic.timing.queue_ns, generic.timing.tokenize_ns = timing[0], timing[1]
     generic.timing.compute_ns, generic.timing.total_ns = timing[2], timing[3]
-    encoded = fill(codec.Reply(fields, (T, 7), dtype), wire, timing)
+    encoded = fill(fields, (T, 7), dtype, wire, timing)
     assert pb.EmbedResponse.FromString(encoded) == generic
     # Every timing varint is padded to 10 bytes (tokenize_ns=0 is written too).
     canonical_timing = len(generic.timing.SerializeToString()) + 2
     assert len(encoded) == (len(generic.SerializeToString()) - canonical_timing
-                            + codec.TIMING_BYTES)
+                            + TIMING_BYTES)
 
 
 def test_padded_varint_values() -> None:
-    assert codec.padded_varint(0) == b"\x80" * 9 + b"\x00"
-    assert codec.padded_varint(300) == b"\xac\x82" + b"\x80" * 7 + b"\x00"
-    assert codec.padded_varint(2**64 - 1) == b"\xff" * 9 + b"\x01"
+    assert padded_varint(0) == b"\x80" * 9 + b"\x00"
+    assert padded_varint(300) == b"\xac\x82" + b"\x80" * 7 + b"\x00"
+    assert padded_varint(2**64 - 1) == b"\xff" * 9 + b"\x01"
 
 
 def test_batch_reply_round_trip() -> None:
     rows = torch.arange(12, dtype=torch.float32).view(4, 3)
     fields = pb.EmbedBatchResponse(offsets=[0, 1, 4], model="m")
     parsed = pb.EmbedBatchResponse.FromString(
-        fill(codec.Reply(fields, (4, 3), pb.DTYPE_FLOAT32), rows, (1, 2, 3, 4)))
+        fill(fields, (4, 3), pb.DTYPE_FLOAT32, rows, (1, 2, 3, 4)))
     assert list(parsed.offsets) == [0, 1, 4]
     assert list(parsed.embeddings.shape) == [4, 3]
     assert parsed.embeddings.data == rows.numpy().tobytes()
     assert (parsed.timing.queue_ns, parsed.timing.total_ns) == (1, 4)
-
-
-def test_reply_refuses_fields_it_writes_itself() -> None:
-    with pytest.raises(ValueError, match="embeddings and timing unset"):
-        codec.Reply(pb.EmbedResponse(timing=pb.Timing(total_ns=1)), (1, 3), pb.DTYPE_FLOAT32)

@@ -1,4 +1,4 @@
-"""The REST form of OIP ``infer``: JSON (and binary) tensors in, the response's layout out.
+"""The REST form of OIP ``infer``, read: JSON (and binary) tensors in, the engine's request out.
 
 Request body: a JSON object, optionally followed by binary tensor data (Triton's binary
 tensor data extension): the ``Inference-Header-Content-Length`` header gives the JSON's
@@ -8,29 +8,24 @@ own (``oip_tensors``), so both forms answer a request with the same values and m
 
 Response: the outputs asked for, in the order asked (default: ``embeddings``, then
 ``sequence_lengths``). An output is binary when its ``binary_data`` parameter says so, else
-when the request's ``binary_data_output`` does; binary outputs are written after the JSON
-in output order, and the JSON says each one's ``binary_data_size``. The embeddings as
-binary are written once, by the lookup, straight into the response body
-(``codec.ResponseWriter``); FP16/BF16 travel only so: JSON has no such numbers, and
-asking for them in JSON is refused before any work, as Triton refuses it.
+when the request's ``binary_data_output`` does; the engine lays the answer out
+(``RestReply``: binary outputs after the JSON, in output order, the rows written once
+straight into the body). FP16/BF16 travel only as binary: JSON has no such numbers, and
+asking for them in JSON is refused here, before any work, as Triton refuses it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
-import orjson
-import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service.dtypes import BY_WIRE
-from service.engine.admission import Admission, Inputs, Options
+from service.engine import Inputs, Options
 from service.errors import InvalidArgument
-from service.rpc import codec
 from service.rpc.oip_tensors import (
     DATATYPES,
     ONE_INPUT,
@@ -40,8 +35,7 @@ from service.rpc.oip_tensors import (
     read_tensor,
 )
 
-__all__ = ["EXTENSIONS", "InferRequest", "ResponsePlan", "answer_bound", "parse_infer",
-           "plan_response"]
+__all__ = ["EXTENSIONS", "InferRequest", "parse_infer"]
 
 EXTENSIONS = ["parameters", "binary_tensor_data"]  # what GET /v2 advertises
 _TRANSPORT = ("binary_data_output",)  # request parameters of the REST form only
@@ -49,30 +43,15 @@ _DEFAULT_ORDER = ("embeddings", "sequence_lengths")
 _ID_DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4")}
 
 
-@dataclass(frozen=True)
-class _Tensor:
-    """An input tensor's header, in the shape ``oip_tensors.read_tensor`` reads (with
-    ``contents`` when its data are JSON strings, read as the gRPC form's typed ones)."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    contents: Any = None
-
-
-class _JsonTexts:
-    """A BYTES tensor's JSON strings as ``contents.bytes_contents``: ``len`` is the data's
-    top-level count (B in every layout of a ``[B]`` or ``[B, 1]`` tensor), known without
-    visiting a string, so the declared shape and ``max_inputs_per_request`` are checked
-    first, as on gRPC; each string is encoded only when admission builds the inputs."""
+class _JsonTexts(Sequence[bytes]):
+    """A BYTES tensor's JSON strings, as UTF-8: ``len`` is the data's top-level count (B in
+    every layout of a ``[B]`` or ``[B, 1]`` tensor), known without visiting a string, so the
+    declared shape and ``max_inputs_per_request`` are checked first, as on gRPC; each string
+    is encoded only when admission builds the inputs."""
 
     def __init__(self, name: str, data: list[Any]) -> None:
         self.name = name
         self.data = data
-
-    @property
-    def bytes_contents(self) -> _JsonTexts:
-        return self
 
     def __len__(self) -> int:
         return len(self.data)
@@ -82,6 +61,13 @@ class _JsonTexts:
             if not isinstance(s, str):
                 raise InvalidArgument(f"input {self.name!r}: BYTES data must be strings")
             yield s.encode("utf-8", "surrogatepass")  # a lone surrogate: refused as UTF-8
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
+    def __getitem__(self, index: int | slice) -> bytes | Sequence[bytes]:
+        return list(self)[index]
 
 
 @dataclass
@@ -127,11 +113,8 @@ def parse_infer(body: bytes, header_length: int | None, model: str,
                               f"'embeddings' with parameters {{\"binary_data\": true}} (the "
                               f"binary tensor data extension)")
     inputs = _inputs(header.get("inputs"), binary, params["start_position"])
-    extra = {}
-    if "add_special_tokens" in params and "add_special_tokens" in Options.__dataclass_fields__:
-        extra["add_special_tokens"] = params["add_special_tokens"]  # where admission has it
     options = Options(model, version, params["compose"], dtype, params["truncate"],
-                      params["allow_special_tokens"], **extra)
+                      params["allow_special_tokens"], params["add_special_tokens"])
     return InferRequest(request_id, options, inputs, outputs)
 
 
@@ -188,7 +171,6 @@ def _inputs(raw: Any, binary: memoryview, start_position: int) -> Inputs:
             or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
         raise InvalidArgument("inputs[0] needs 'name' (string), 'datatype' (string) and "
                               "'shape' (list of integers)")
-    tensor = _Tensor(name, dt, shape)
     p = t.get("parameters", {})
     size = p.get("binary_data_size") if isinstance(p, dict) else None
     if size is not None:
@@ -201,7 +183,7 @@ def _inputs(raw: Any, binary: memoryview, start_position: int) -> Inputs:
         if size != len(binary):
             raise InvalidArgument(f"{len(binary) - size} bytes after input {name!r}'s binary "
                                   f"data belong to no input")
-        return read_tensor(tensor, bytes(binary[:size]), start_position)
+        return read_tensor(name, dt, shape, start_position, raw=bytes(binary[:size]))
     if len(binary):
         raise InvalidArgument(f"{len(binary)} bytes of binary data follow the JSON but no "
                               f"input has parameters 'binary_data_size'")
@@ -212,15 +194,14 @@ def _inputs(raw: Any, binary: memoryview, start_position: int) -> Inputs:
     if dt == "BYTES" and name == "text":
         if not isinstance(data, list):
             raise InvalidArgument("tensor 'data' must be a JSON list")
-        return read_tensor(_Tensor(name, dt, shape, _JsonTexts(name, data)), None,
-                           start_position)
-    return read_tensor(tensor, _raw(tensor, data), start_position)
+        return read_tensor(name, dt, shape, start_position, texts=_JsonTexts(name, data))
+    return read_tensor(name, dt, shape, start_position, raw=_raw(name, dt, data))
 
 
-def _raw(tensor: _Tensor, data: Any) -> bytes:
+def _raw(name: str, datatype: str, data: Any) -> bytes:
     """JSON ``data`` (flat or nested, row-major) as the tensor's binary form, so one reader
     checks both (shape against element count, id range, UTF-8)."""
-    dt = _ID_DTYPES.get(tensor.datatype)
+    dt = _ID_DTYPES.get(datatype)
     if dt is None:  # the reader names the expected input names and datatypes, unwalked
         return b""
     if not isinstance(data, list):
@@ -230,15 +211,14 @@ def _raw(tensor: _Tensor, data: Any) -> bytes:
     except (ValueError, OverflowError):  # ragged nesting
         values = np.asarray([None])
     if values.dtype.kind not in "iu" and not (values.size == 0 and values.ndim == 1):
-        raise InvalidArgument(f"input {tensor.name!r}: {tensor.datatype} data must be "
+        raise InvalidArgument(f"input {name!r}: {datatype} data must be "
                               f"integers (a flat list, or nested lists of one shape)")
     # An int64 array read from Python ints already holds INT64's range (numpy refuses or
     # widens to uint64 past it): only a narrower datatype or a uint64 array needs the pass.
     if values.dtype != np.int64 or dt != np.int64:
         info = np.iinfo(dt)
         if values.size and (values.min() < info.min or values.max() > info.max):
-            raise InvalidArgument(f"input {tensor.name!r}: a value is outside "
-                                  f"{tensor.datatype}")
+            raise InvalidArgument(f"input {name!r}: a value is outside {datatype}")
     return values.astype(dt).tobytes()
 
 
@@ -260,89 +240,3 @@ def _flat(data: Any) -> list[Any]:
         else:
             stack.pop()
     return out
-
-
-class ResponsePlan:
-    """One response, laid out at admission: the JSON header (and its length) and, for
-    binary embeddings, the body allocated at its final size with the rows to write."""
-
-    def __init__(self, infer: InferRequest, admission: Admission, dim: int) -> None:
-        model, lengths = admission.model, admission.lengths
-        B, T, C = len(lengths), max(lengths), dim
-        dtype = admission.options.dtype
-        self.shape = (B, T, C)
-        self.binary = dict(infer.outputs)
-        self.lengths = lengths
-        rows_bytes = B * T * C * BY_WIRE[dtype].itemsize
-        self._lengths_raw = np.asarray(lengths, dtype="<i8").tobytes()
-        outputs = []
-        for name, binary in infer.outputs:
-            if name == "embeddings":
-                o: dict[str, Any] = {"name": name, "datatype": DATATYPES[dtype],
-                                     "shape": [B, T, C]}
-                size = rows_bytes
-            else:
-                o = {"name": name, "datatype": "INT64", "shape": [B]}
-                size = len(self._lengths_raw)
-                if not binary:
-                    o["data"] = lengths
-            if binary:
-                o["parameters"] = {"binary_data_size": size}
-            outputs.append(o)
-        self.header: dict[str, Any] = {
-            "model_name": model.name, "model_version": str(model.version),
-            **({"id": infer.request_id} if infer.request_id else {}),
-            "parameters": {"checkpoint_id": model.checkpoint_id,
-                           "start_position": admission.sequences[0].start_position,
-                           "truncated_tokens": sum(f.truncated_tokens
-                                                   for f in admission.sequences)},
-            "outputs": outputs}
-        self.writer: codec.ResponseWriter | None = None
-        if self.binary["embeddings"]:
-            head = orjson.dumps(self.header)  # ~0.5 µs; json.dumps takes ~8
-            self.header_length = len(head)
-            order = [n for n, b in infer.outputs if b]
-            at = order.index("embeddings")
-            before = b"".join(self._lengths_raw for n in order[:at] if n != "embeddings")
-            after = b"".join(self._lengths_raw for n in order[at + 1:])
-            self.writer = codec.ResponseWriter(head + before, (B * T, C),
-                                               BY_WIRE[dtype].torch, after, None)
-            self.rows = self.writer.rows.view(B, T, C)
-        else:
-            self.rows = torch.empty(B, T, C, dtype=BY_WIRE[dtype].torch)
-
-    def json_body(self) -> tuple[bytes, int | None]:
-        """The response when the embeddings are JSON: the body and, when some output is
-        binary (only ``sequence_lengths`` can be), the JSON header's length."""
-        header = dict(self.header)
-        header["outputs"] = [dict(o) for o in header["outputs"]]
-        for o in header["outputs"]:
-            if o["name"] == "embeddings":
-                # Widened to float64 and printed as the shortest decimal that reads back as
-                # that double: a reader's float32(double) is the row's value bit for bit
-                # (a float32's own shortest decimal, read as a double, could round twice).
-                # orjson writes numpy arrays in C: T=1024 x 768 in ~0.1 s, not ~0.7 s.
-                o["data"] = self.rows.reshape(-1).numpy().astype(np.float64)
-        head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
-        if self.binary.get("sequence_lengths"):
-            return head + self._lengths_raw, len(head)
-        return head, None
-
-
-def answer_bound(infer: InferRequest, admission: Admission) -> int:
-    """An upper bound of the answer's bytes, known at admission (before any output is
-    allocated): the rows as binary, or as JSON numbers (at most 24 characters and a
-    comma each), the sequence lengths, and the JSON header (its id escaped)."""
-    lengths = admission.lengths
-    values = len(lengths) * max(lengths) * (getattr(admission, "dim", None)
-                                           or admission.model.tables.dim)
-    itemsize = BY_WIRE[admission.options.dtype].itemsize
-    rows = values * itemsize if dict(infer.outputs)["embeddings"] else values * 25
-    return rows + 24 * len(lengths) * 2 + 4096 + 6 * len(infer.request_id)
-
-
-def plan_response(infer: InferRequest, admission: Admission) -> ResponsePlan:
-    """The response of an admitted request (the rows' width: the admission's, where
-    admission knows a compose-dependent width, else the model's)."""
-    dim = getattr(admission, "dim", None) or admission.model.tables.dim
-    return ResponsePlan(infer, admission, dim)

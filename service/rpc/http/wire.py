@@ -1,5 +1,5 @@
-"""The HTTP front's wire helpers: bodies read within the limit, headers, JSON responses,
-TLS, and the page's files (``service/rpc/http.py`` routes; nothing here knows a route)."""
+"""The REST front's wire helpers: bodies read within the limit, headers, JSON responses,
+TLS, and the page's files (``front.py`` routes; nothing here knows a route)."""
 
 from __future__ import annotations
 
@@ -158,5 +158,5 @@ def error_response(status: int, message: str,
 
 def page_files() -> dict[str, tuple[bytes, str]]:
     """The page's static files, read once from the package (shipped as package data)."""
-    root = resources.files("service.rpc") / "page"
+    root = resources.files("service.rpc.http") / "page"
     return {name: ((root / name).read_bytes(), kind) for name, kind in _PAGE_FILES.items()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.engine.repository import LoadedModel
+from service.engine import LoadedModel
 
 __all__ = ["model_facts"]
 

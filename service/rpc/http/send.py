@@ -1,7 +1,7 @@
 """Sending a REST answer: after its headers, never joined to them, inside the request's
 in-flight slot; and closing a connection whose body was refused without reading it.
 
-``service/rpc/http.py`` holds the slot and the answer's bytes of ``--max-unsent-bytes``
+``front.py`` holds the slot and the answer's bytes of ``--max-unsent-bytes``
 around ``send``: they are given back once it returns, i.e. once the transport has taken
 the last view of the body and drained below its high-water mark (a client that does not
 read keeps ``send`` waiting: that is what makes an unread answer count).

@@ -11,12 +11,12 @@ only the page's static files (they hold no data; the page's own calls carry the 
 Why aiohttp's low-level server (``aiohttp.web.Server``): it runs on the asyncio loop the
 gRPC server already uses (so a request is admitted and batched on the loop that batches
 gRPC requests, with no thread hop), parses with llhttp in C, sends the ``bytes`` body the
-lookup wrote in place (after the headers, never joined to them: ``http_send.BufferAnswer``),
+lookup wrote in place (after the headers, never joined to them: ``send.BufferAnswer``),
 and takes an ``ssl.SSLContext`` for TLS/mTLS. No ``web.Application``: the route table here is
 eight patterns, and its router, middleware chain and signals would be work per request
 for nothing. uvicorn (httptools) would need an ASGI layer and its own server lifecycle
 beside gRPC's; measured figures against a ceiling and a lookup floor on this same library
-are in ``bench/http.py``.
+are in ``bench/``.
 
 Deadline: the ``grpc-timeout`` header, in gRPC's own syntax (``200m`` = 200 ms; units
 H M S m u n), as grpc-gateway reads it from HTTP requests. Request bodies larger than
@@ -44,14 +44,21 @@ import grpc
 from aiohttp import web
 
 from service import tracing
-from service.engine.engine import Engine, RowSlice
+from service.engine import (
+    Engine,
+    Request,
+    RestHold,
+    RestReply,
+    RestSlots,
+    Slot,
+    StreamBudgets,
+)
 from service.errors import EmbedError, InvalidArgument, http_status_for
 from service.rpc.frame import Call, Frame, Refused
-from service.rpc.http_page import model_facts
-from service.rpc.http_send import BufferAnswer, linger, send
-from service.rpc.http_slots import RestSlots, Slot
-from service.rpc.http_tensors import EXTENSIONS, answer_bound, parse_infer, plan_response
-from service.rpc.http_wire import (
+from service.rpc.http.facts import model_facts
+from service.rpc.http.infer import EXTENSIONS, parse_infer
+from service.rpc.http.send import BufferAnswer, linger, send
+from service.rpc.http.wire import (
     HEADER_LENGTH,
     BodyTimeout,
     WireLog,
@@ -62,13 +69,10 @@ from service.rpc.http_wire import (
     page_files,
     read_body,
 )
-from service.rpc.oip_tensors import model_version
-from service.rpc.pacing import StreamBudgets
+from service.rpc.oip_tensors import model_metadata, model_version
 
 __all__ = ["HttpFront"]
 
-_JSON = "application/json"
-_BINARY = "application/octet-stream"
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 Handler = Callable[[web.BaseRequest, dict[str, str], Call], Awaitable[web.StreamResponse]]
 SLOT = web.RequestKey("slot", Slot)  # the request's in-flight slot, for infer's budget wait
@@ -273,15 +277,9 @@ class HttpFront:
 
     async def model_metadata(self, request: web.BaseRequest, params: dict[str, str],
                              call: Call) -> web.StreamResponse:
-        """The model's tensors, exactly as the gRPC form's ModelMetadata."""
+        """The model's tensors, as the gRPC form's ModelMetadata states them."""
         model = self.engine.model(params["model"], model_version(params.get("version", "")))
-        return json_response({
-            "name": model.name, "versions": [str(model.version)], "platform": "embedding",
-            "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
-                       {"name": "text", "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [{"name": "embeddings", "datatype": "FP32",
-                         "shape": [-1, -1, model.tables.dim]},
-                        {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}]})
+        return json_response(model_metadata(model))
 
     async def repository_index(self, request: web.BaseRequest, params: dict[str, str],
                                call: Call) -> web.StreamResponse:
@@ -306,41 +304,33 @@ class HttpFront:
         body = await read_body(request, self.max_body, call.deadline)
         infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
-        admission = await self.engine.admit(infer.options, infer.inputs)
-        # The answer's bytes are held before its output is allocated (past
-        # --max-unsent-bytes: a second's wait without the slot, then 429) and given back
-        # once sent.
-        held = await self.slots.hold(request[SLOT], answer_bound(infer, admission))
+        # The answer's bytes are held once it is admitted, before its output is allocated
+        # (past --max-unsent-bytes: a second's wait without the slot, then 429), and given
+        # back once sent.
+        hold = RestHold(self.slots, request[SLOT])
         try:
-            plan = plan_response(infer, admission)
-            writer = plan.writer
-            B, T, C = plan.shape
-            dest: Any = writer if writer is not None else RowSlice(plan.rows.view(B * T, C))
-            result = await self.engine.run_padded(admission, plan.rows, dest, call.start_ns,
-                                                  call.deadline, infer.request_id)
-            if writer is not None:
-                return BufferAnswer(result, _BINARY, {HEADER_LENGTH: str(plan.header_length)},
-                                    held, self.budgets)
-            data, split = plan.json_body()
-            if split is None:
-                return BufferAnswer(data, _JSON, None, held, self.budgets)
-            return BufferAnswer(data, _BINARY, {HEADER_LENGTH: str(split)}, held, self.budgets)
+            answer = await self.engine.embed(Request(
+                infer.options, infer.inputs, RestReply(infer.request_id, infer.outputs),
+                call.start_ns, call.deadline, infer.request_id, call, hold))
         except BaseException:
-            self.budgets.give_back(held)
+            hold.give_back()
             raise
+        headers = (None if answer.header_length is None
+                   else {HEADER_LENGTH: str(answer.header_length)})
+        return BufferAnswer(answer.body, answer.content_type, headers, hold.held, self.budgets)
 
     async def tokenize(self, request: web.BaseRequest, params: dict[str, str],
                        call: Call) -> web.StreamResponse:
         """The page's helper: an infer request's sequences as admission reads them (ids
         after truncation, each token's text, each row's untrained flag) and the model's
-        widths and rules (``http_page.model_facts``); no lookup."""
+        widths and rules (``facts.model_facts``); no lookup."""
         body = await read_body(request, self.max_body, call.deadline)
         infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
-        admission = await self.engine.admit(infer.options, infer.inputs)
-        model = admission.model
+        admitted = await self.engine.read(infer.options, infer.inputs)
+        model = admitted.model
         sequences = []
-        for seq in admission.sequences:
+        for seq in admitted.sequences:
             ids = seq.ids.tolist()
             try:
                 tokens: list[str] | None = [t.decode("utf-8", "replace")

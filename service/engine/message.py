@@ -1,0 +1,152 @@
+"""A response allocated once at its final size, the rows written into it in place.
+
+The generic path (set ``Tensor.data``, then ``SerializeToString``) copies a [T, C] payload
+three times in Python before gRPC copies it again into its own slice. A protobuf message
+is a concatenation of fields in any order, so the small fields are serialised by the
+generated code and the response is laid out here:
+
+    head (the rows' tag and length) | ROWS | tail (the other fields) [| timing (46 B)]
+
+Everything but ROWS and the timing is known once a request is admitted, so a
+``MessageBuffer`` creates the response ``bytes`` then, at its final size, uninitialised,
+through CPython's ``PyBytes_FromStringAndSize(NULL, n)`` (the documented way for C code to
+build a bytes object in place), and exposes ROWS as a writable tensor: the lookup writes
+the rows straight into it. The timing is known only after the lookup, so it is written
+last, at a fixed size: each uint64 as a 10-byte varint (over-long varints are valid
+protobuf; every conforming parser reads them). That costs 30 bytes per response and is
+what lets the rows be written before the timing. The REST form uses the same buffer with
+its JSON header as the head.
+
+Copies of the rows per response, end to end in the server (see ``tables.embed_into``):
+  1. the one-pass lookup (``lookup.c``) writes each row into the response bytes once,
+     already summed and cast to the wire dtype (fp32, fp16 or bf16 alike); without it,
+     torch's gather writes fp32 rows into the response (fp32 output) or into a reused
+     scratch that a cast-copy turns into the response bytes (fp16/bf16 output, many small
+     requests sharing one gather, or the device→host copy on CUDA);
+  2. the transport copies those bytes into its send buffers (outside our control).
+The transport ceiling (a precomputed message) pays 2 as well.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+from typing import Any
+
+import torch
+
+from genproto.embedding.v1 import embedding_pb2 as pb
+from service.dtypes import BY_WIRE
+from service.engine.batcher import Timing
+
+__all__ = ["TIMING_BYTES", "MessageBuffer", "bytes_field_prefix", "message_head",
+           "padded_varint", "timing_tag"]
+
+if sys.byteorder != "little":  # torch writes native order; the wire is little-endian
+    raise ImportError("service.engine.message supports little-endian hosts only")
+
+_TAG_EMBEDDINGS = b"\x0a"  # field 1, wire type 2 (length-delimited), in both responses
+_TAG_DATA = b"\x1a"  # Tensor.data: field 3, wire type 2
+_VARINT_MAX = 10  # bytes of the longest uint64 varint
+_TIMING_FIELDS = 4  # queue_ns, tokenize_ns, compute_ns, total_ns: fields 1..4, varints
+_TIMING_BODY = _TIMING_FIELDS * (1 + _VARINT_MAX)
+TIMING_BYTES = 2 + _TIMING_BODY  # tag, length (one byte: 44), body
+
+_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+_new_bytes.restype = ctypes.py_object
+_new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_bytes_address = ctypes.pythonapi.PyBytes_AsString
+_bytes_address.restype = ctypes.c_void_p
+_bytes_address.argtypes = (ctypes.py_object,)
+# A writable memoryview over raw memory: no ctypes array type built per response.
+_memory_view = ctypes.pythonapi.PyMemoryView_FromMemory
+_memory_view.restype = ctypes.py_object
+_memory_view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_PyBUF_WRITE = 0x200
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def padded_varint(n: int) -> bytes:
+    """``n`` (0 <= n < 2**64) as a 10-byte varint: same value, fixed size."""
+    # Unrolled: this runs four times per response.
+    return bytes((n & 127 | 128, n >> 7 & 127 | 128, n >> 14 & 127 | 128,
+                  n >> 21 & 127 | 128, n >> 28 & 127 | 128, n >> 35 & 127 | 128,
+                  n >> 42 & 127 | 128, n >> 49 & 127 | 128, n >> 56 & 127 | 128, n >> 63))
+
+
+def _timing(tag: int, queue_ns: int, tokenize_ns: int, compute_ns: int,
+            total_ns: int) -> bytes:
+    # Timing fields 1..4 are varints (wire type 0): tags 0x08, 0x10, 0x18, 0x20.
+    return b"".join((bytes((tag, _TIMING_BODY)), b"\x08", padded_varint(queue_ns),
+                     b"\x10", padded_varint(tokenize_ns), b"\x18", padded_varint(compute_ns),
+                     b"\x20", padded_varint(total_ns)))
+
+
+@functools.lru_cache(maxsize=4096)
+def message_head(T: int, C: int, dtype: int) -> bytes:
+    """Everything of a native response before the rows: the ``embeddings`` Tensor's tag,
+    length, shape and dtype, and its data's tag and length (cached: requests repeat a few
+    shapes)."""
+    nbytes = T * C * BY_WIRE[dtype].itemsize
+    header = pb.Tensor(shape=[T, C], dtype=dtype).SerializeToString()  # type: ignore[arg-type]
+    data_len = _varint(nbytes)
+    tensor_len = len(header) + 1 + len(data_len) + nbytes
+    return b"".join((_TAG_EMBEDDINGS, _varint(tensor_len), header, _TAG_DATA, data_len))
+
+
+@functools.lru_cache(maxsize=8)
+def timing_tag(descriptor: Any) -> int:
+    """The tag of a message type's ``timing`` field (length-delimited)."""
+    number = descriptor.fields_by_name["timing"].number
+    return int((number << 3) | 2)  # one byte for field numbers < 16
+
+
+def bytes_field_prefix(field_number: int, nbytes: int) -> bytes:
+    """The tag and length of a length-delimited field holding ``nbytes`` bytes."""
+    return _varint(field_number << 3 | 2) + _varint(nbytes)
+
+
+class MessageBuffer:
+    """One response being built: ``head | rows | tail [| timing]``, allocated at its final
+    size; the lookup writes ``rows``, then ``finish`` writes the timing (when the message
+    has a timing field) and hands over the bytes. A ``batcher.Destination``."""
+
+    __slots__ = ("_timing_at", "_timing_tag", "data", "rows")
+
+    def __init__(self, head: bytes, shape: tuple[int, int], dtype: torch.dtype,
+                 tail: bytes, timing_tag: int | None = None) -> None:
+        N, C = shape
+        nbytes = N * C * dtype.itemsize
+        timing = TIMING_BYTES if timing_tag is not None else 0
+        total = len(head) + nbytes + len(tail) + timing  # > 1: never a shared object
+        self.data: bytes = _new_bytes(None, total)  # fresh, uninitialised, ours alone
+        address = _bytes_address(self.data)
+        ctypes.memmove(address, head, len(head))
+        ctypes.memmove(address + len(head) + nbytes, tail, len(tail))
+        self._timing_at = address + total - timing
+        self._timing_tag = timing_tag
+        if nbytes == 0:  # torch.frombuffer refuses empty buffers
+            self.rows = torch.empty(N, C, dtype=dtype)
+        else:
+            view = _memory_view(address + len(head), nbytes, _PyBUF_WRITE)
+            self.rows = torch.frombuffer(view, dtype=dtype).view(N, C)  # (N, C)
+
+    def finish(self, timing: Timing) -> bytes:
+        """Write the timing fields (when the message has them); hand over the bytes."""
+        if self._timing_tag is not None:
+            ctypes.memmove(self._timing_at, _timing(self._timing_tag, *timing), TIMING_BYTES)
+        data = self.data
+        del self.rows  # the view must not outlive the buffer's ownership of the bytes
+        return data
