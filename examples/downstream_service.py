@@ -52,7 +52,7 @@ from service.format.checkpoint import (
     read_safetensors,
     verify_checkpoint,
 )
-from service.server import start_local
+from service.local import start_local
 from training.model import GPT, ModelConfig
 
 __all__ = ["METHOD", "Prediction", "RestOfGPT", "downstream_server", "main", "predict",

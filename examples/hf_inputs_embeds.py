@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from client import EmbeddingClient
-from service.server import start_local
+from service.local import start_local
 
 __all__ = ["HFInputs", "build_hf_gpt2", "fetch_inputs", "import_hf_gpt2",
            "logits_both_ways", "main"]

@@ -37,7 +37,7 @@ import torch
 
 from client import EmbeddingClient
 from client.codec import Embedding
-from service.server import start_local
+from service.local import start_local
 
 __all__ = ["TORCH_DTYPES", "completions_body", "embeds_prompt", "main",
            "to_torch"]

@@ -1,6 +1,6 @@
 """The one dtype table: wire enum, storage name, OIP datatype, safetensors code, torch dtype.
 
-Every other module (codec, OIP tensors, checkpoint, config, importers) looks a dtype up
+Every other module (replies, OIP tensors, checkpoint, config, importers) looks a dtype up
 here, so a new dtype is one row. The client mirrors the wire half from the generated enum.
 """
 

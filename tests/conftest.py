@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.format.checkpoint import write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
-from service.server import ServerHandle
+from service.format.writer import write_checkpoint
+from service.local import ServerHandle
 from tests.tiny_model import (
     DIM,
     MAX_SEQ_LEN,

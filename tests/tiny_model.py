@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from service.config import ServerConfig
-from service.server import ServerHandle, start_in_thread
+from service.local import ServerHandle, start_in_thread
 
 VOCAB_SIZE = 50257  # GPT-2 / r50k_base n_vocab
 TABLE_ROWS = 50304  # nanoGPT's padded row count

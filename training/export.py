@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from service.format.checkpoint import Manifest, next_version, write_checkpoint
+from service.format.checkpoint import Manifest
 from service.format.tokenizer import TokenizerSpec
+from service.format.writer import next_version, write_checkpoint
 from training.config import TrainConfig
 from training.train import TrainResult
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from service.engine.admission import Admitted, Input, Inputs, Options
 from service.engine.budgets import RestHold, RestSlots, Slot, StreamBudgets, StreamTurn
 from service.engine.engine import Engine, Request
+from service.engine.loading import LoadedModel
 from service.engine.replies import NativeReply, OipReply, RegionOutput, RestAnswer, RestReply
-from service.engine.repository import LoadedModel
 from service.engine.shm import is_local_peer
 
 __all__ = ["Admitted", "Engine", "Input", "Inputs", "LoadedModel", "NativeReply", "OipReply",

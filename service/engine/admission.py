@@ -27,10 +27,11 @@ import torch
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.dtypes import BY_WIRE
 from service.engine.batcher import Destination, Job
-from service.engine.repository import LoadedModel, Repository
+from service.engine.loading import LoadedModel
+from service.engine.repository import Repository
 from service.engine.validation import (
-    Fitted,
     Limits,
+    TokenSequence,
     check_compose,
     check_dtype_range,
     check_enum,
@@ -118,7 +119,7 @@ class Admitted:
 
     model: LoadedModel
     options: Options
-    sequences: list[Fitted]
+    sequences: list[TokenSequence]
     tokenize_ns: int
     lengths: list[int] = field(init=False)  # T of each sequence
     tokens: int = field(init=False)  # rows in all: ΣT
@@ -144,7 +145,7 @@ class Admitted:
         return BY_WIRE[self.options.dtype].itemsize
 
     def job(self, dest: Destination, start_ns: int, deadline: float | None,
-            sequences: Sequence[Fitted] | None = None) -> Job:
+            sequences: Sequence[TokenSequence] | None = None) -> Job:
         """The batcher job writing ``sequences`` (default: all, packed) into ``dest``."""
         if sequences is None:
             ids, lengths, seqs = self.ids, self.lengths, self.sequences  # (N,)

@@ -30,8 +30,9 @@ from service.dtypes import BY_WIRE
 from service.engine.admission import Admission, Admitted, Input, Options
 from service.engine.batcher import Batcher, Timing
 from service.engine.budgets import Hold
+from service.engine.loading import LoadedModel
 from service.engine.replies import Reply
-from service.engine.repository import LoadedModel, Repository
+from service.engine.repository import Repository
 from service.engine.shm import Caller, SharedMemoryRegistry
 from service.engine.validation import Limits, check_ids, check_text
 from service.metrics import Metrics

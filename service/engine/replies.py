@@ -37,7 +37,7 @@ from service.engine.message import (
     timing_tag,
 )
 from service.engine.shm_plan import ShmPlan
-from service.engine.validation import Fitted
+from service.engine.validation import TokenSequence
 
 __all__ = ["NativeReply", "OipReply", "RegionOutput", "Reply", "RestAnswer", "RestReply"]
 
@@ -79,7 +79,7 @@ def _shape(admitted: Admitted, padded: bool) -> tuple[int, ...]:
     return admitted.tokens, admitted.dim  # (ΣT, C)
 
 
-def _echo(inp: pb.EmbedRequest | pb.EmbedInput, fitted: Fitted) -> Any:
+def _echo(inp: pb.EmbedRequest | pb.EmbedInput, fitted: TokenSequence) -> Any:
     """The ids an answer echoes: the request's own repeated field when it was kept whole
     (no tensor -> list -> proto round trip), else the ids as fitted (tokenized, truncated)."""
     if inp.WhichOneof("input") == "token_ids" and not fitted.truncated_tokens:
@@ -95,7 +95,6 @@ class NativeReply(Reply[bytes]):
 
     def __init__(self, request: pb.EmbedRequest | pb.EmbedBatchRequest) -> None:
         self._request = request
-        self._batch = isinstance(request, pb.EmbedBatchRequest)
         if request.HasField("output"):
             self.region = RegionOutput(request.output.region, request.output.offset, None,
                                        "output")

@@ -4,8 +4,9 @@
 one). A version that fails verification is refused with one clear log line, remembered
 (by path and the change time of its files) so it is not retried every poll until it
 changes, and the version already loaded keeps serving. A new version that fails while it
-may still be being copied in is "not ready yet" instead (service/engine/arrivals.py: one
-INFO line, not counted as a failure) until it stays unchanged for the grace time.
+may still be being copied in is "not ready yet" instead (``pending_versions.py``: one
+INFO line, not counted as a failure) until it stays unchanged for the grace time. Loading
+one version is ``loading.py``.
 
 The disk is what is served: when the served version's folder is removed, the next scan
 rolls back to the newest valid version left (a WARNING line says so); when no valid
@@ -24,86 +25,20 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from service.config import parse_pins
-from service.engine.arrivals import Arrivals, tree_signature
-from service.engine.tables import EmbeddingTables
-from service.engine.unreadable import permission_error, unlistable_message, unreadable_message
-from service.errors import FailedPrecondition, NotFound, Unavailable, quote
-from service.format.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    is_version_name,
-    list_versions,
-    read_checkpoint,
-)
-from service.format.hf_tokenizer import TextTokenizer, load_text_tokenizer
-from service.format.positions import sinusoidal_table
+from service.engine.loading import LoadedModel, load_model
+from service.engine.pending_versions import PendingVersions, tree_signature
+from service.engine.permissions import permission_error, unlistable_message, unreadable_message
+from service.errors import NotFound, Unavailable, quote
+from service.format.checkpoint import CheckpointError, is_version_name, list_versions
 
-__all__ = ["LoadedModel", "Repository", "load_model", "parse_pins", "public_reason"]
+__all__ = ["Repository", "parse_pins", "public_reason"]
 
 log = logging.getLogger("service.engine.repository")
-_MAX_SINUSOIDAL = 1 << 28  # elements of a computed position table (1 GiB of fp32)
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """One served model version: tables on the device, its tokenizer, its statistics."""
-
-    name: str
-    version: int
-    checkpoint: Checkpoint
-    text_tokenizer: TextTokenizer | None  # None: an ids-only model
-    tables: EmbeddingTables
-    untrained: torch.Tensor | None  # (table_rows,) bool: never updated in training
-
-    @property
-    def checkpoint_id(self) -> str:
-        """sha256 of manifest.json."""
-        return self.checkpoint.checkpoint_id
-
-    @property
-    def tokenizer(self) -> TextTokenizer:
-        """The model's tokenizer; FAILED_PRECONDITION for an ids-only model, so every
-        RPC that needs text (Embed text, Tokenize, Detokenize, OIP text) refuses alike."""
-        if self.text_tokenizer is None:
-            raise FailedPrecondition(f"model {self.name!r} was imported without a tokenizer "
-                                     f"(ids-only): send token_ids, not text")
-        return self.text_tokenizer
-
-
-def load_model(name: str, version_dir: Path, device: torch.device,
-               table_dtype: torch.dtype | None) -> LoadedModel:
-    """Verify and load one version directory (CheckpointError/ValueError when invalid).
-
-    ``table_dtype`` None keeps the stored dtype (the tables stay memory maps on CPU).
-    """
-    ckpt = read_checkpoint(version_dir)
-    m = ckpt.manifest
-    tokenizer = None
-    if m.tokenizer is not None and ckpt.tokenizer_path is not None:
-        tokenizer = load_text_tokenizer(m.tokenizer, ckpt.tokenizer_path)
-        # tiktoken: its n_vocab is the vocabulary. A tokenizer.json may cover fewer ids
-        # than the model's rows (Qwen2 pads its table), never more.
-        bad = (tokenizer.n_vocab > m.vocab_size if m.tokenizer.kind == "hf"
-               else tokenizer.n_vocab != m.vocab_size)
-        if bad:
-            raise CheckpointError(f"{version_dir}: tokenizer has {tokenizer.n_vocab} tokens, "
-                                  f"manifest vocab_size is {m.vocab_size}")
-    position_table = ckpt.position_table
-    if m.position == "sinusoidal":
-        if m.max_seq_len * m.dim > _MAX_SINUSOIDAL:
-            raise CheckpointError(f"{version_dir.name}: a sinusoidal table of max_seq_len "
-                                  f"{m.max_seq_len} x dim {m.dim} is too large")
-        position_table = sinusoidal_table(m.max_seq_len, m.dim)  # (max_seq_len, C)
-    tables = EmbeddingTables(ckpt.token_table, position_table, device, table_dtype,
-                             m.rules, ckpt.rule_tensors, ckpt.token_max_abs)
-    untrained = None if ckpt.row_updates is None else ckpt.row_updates == 0  # (rows,)
-    return LoadedModel(name, int(version_dir.name), ckpt, tokenizer, tables, untrained)
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s'\",:;()\[\]]+")
@@ -134,7 +69,7 @@ class Repository:
         self._on_load = on_load  # (model, version, "ok"|"error") for metrics
         self._models: dict[str, LoadedModel] = {}
         self._refused: dict[Path, float] = {}  # version dir -> tree_signature when refused
-        self._arrivals = Arrivals(grace_seconds)  # failed, but maybe still being copied in
+        self._pending = PendingVersions(grace_seconds)  # failed, but maybe still being copied in
         self._default_missing = False  # the default model is not among the loaded ones
         self._reasons: dict[Path, str] = {}  # version dir -> why it was refused
         self._ignored: set[Path] = set()  # entries logged once as not a version / unreadable
@@ -237,7 +172,7 @@ class Repository:
         for path in [p for p in self._reasons if not p.is_dir()]:
             self._refused.pop(path, None)
             self._reasons.pop(path, None)
-            self._arrivals.forget(path)
+            self._pending.forget(path)
 
     def _check_default(self) -> None:
         """One warning when models are loaded but the configured default is not one of
@@ -307,7 +242,7 @@ class Repository:
                 reason = (unreadable_message(denied, version_dir) if denied
                           else str(e) if isinstance(e, CheckpointError | ValueError | OSError)
                           else f"{type(e).__name__}: {e}")
-                if not self._arrivals.settled(version_dir, signature):
+                if not self._pending.settled(version_dir, signature):
                     self._not_ready(name, version, version_dir, reason)
                     continue
                 self._refused[version_dir] = signature
@@ -319,7 +254,7 @@ class Repository:
                 continue
             self._refused.pop(version_dir, None)
             self._reasons.pop(version_dir, None)
-            self._arrivals.forget(version_dir)
+            self._pending.forget(version_dir)
             if removed is not None:
                 log.warning("rolled back model=%s from version %d (removed) to version %d",
                             name, removed, version)
@@ -338,9 +273,9 @@ class Repository:
     def _not_ready(self, name: str, version: int, version_dir: Path, reason: str) -> None:
         """A version that fails to load within its grace time: pending, not a failure."""
         self._reasons[version_dir] = f"not ready yet (still being copied in?): {reason}"
-        if self._arrivals.first_notice(version_dir):
+        if self._pending.first_notice(version_dir):
             log.info("model=%s version=%d not ready yet (still being copied in?): %s; "
                      "retried every poll, refused if it stays so for %.0fs (write "
                      "manifest.json last, or copy to a temporary name and rename)", name,
-                     version, reason.replace("\n", " "), self._arrivals.grace_seconds)
+                     version, reason.replace("\n", " "), self._pending.grace_seconds)
 

@@ -9,7 +9,7 @@ device and each batch costs one host→device copy of ids+positions (pinned), on
 one add, one cast, one device→host copy (pinned) and one synchronisation.
 
 Rows are written into the caller's output tensors, which are the response bytes
-(``codec.Reply``). On CPU with fp32 tables, ``lookup.c`` (``kernel``) writes each row in
+(``message.MessageBuffer``). On CPU with fp32 tables, ``lookup.c`` (``kernel``) writes each row in
 one pass: read from the tables once, summed in fp32, rounded into the wire dtype and
 stored into the response once, whatever that dtype (torch has no fused gather+add+cast:
 its path writes an fp32 intermediate, adds over it, then casts it in a third pass). Without
@@ -149,14 +149,6 @@ class EmbeddingTables:
         """Columns of the rows ``compose`` returns: token-only has the table's width."""
         return self.dim if compose == COMPOSE_TOKEN_ONLY else self.width
 
-    @property
-    def table_bytes(self) -> int:
-        """Bytes held by both tables on the device."""
-        n = self.token_table.numel() * self.token_table.element_size()
-        if self.position_table is not None:
-            n += self.position_table.numel() * self.position_table.element_size()
-        return n
-
     def _scratch_rows(self, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         # Reused host buffer: its rows are copied out before the next batch runs, and a
         # buffer that stays allocated is never handed back to the OS and faulted in again.
@@ -200,7 +192,7 @@ class EmbeddingTables:
         """Write each part's rows, cast to its ``out`` dtype, into ``out`` (N_i, C).
 
         ``parts`` hold validated int64 host ids, their spans, and an output tensor (the
-        response bytes, see ``codec``) all of one dtype. On CUDA the whole batch is one
+        response bytes, see ``message``) all of one dtype. On CUDA the whole batch is one
         gather+add on the device. On CPU, fp32 outputs are gathered straight into the
         response and the positions added in place; other dtypes go through a reused fp32
         scratch (the add is always fp32) and one cast-copy. Many small parts share one

@@ -13,12 +13,25 @@ import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.dtypes import BY_WIRE
-from service.engine.repository import LoadedModel
+from service.engine.loading import LoadedModel
 from service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
-__all__ = ["Fitted", "Limits", "check_compose", "check_dtype_range", "check_enum", "check_ids",
-           "check_input_count", "check_output_bytes", "check_response_size", "check_text",
-           "check_text_total", "fit_length", "max_abs_output", "text_bytes"]
+__all__ = [
+    "Limits",
+    "TokenSequence",
+    "check_compose",
+    "check_dtype_range",
+    "check_enum",
+    "check_ids",
+    "check_input_count",
+    "check_output_bytes",
+    "check_response_size",
+    "check_text",
+    "check_text_total",
+    "fit_length",
+    "max_abs_output",
+    "text_bytes",
+]
 
 _RESPONSE_OVERHEAD = 1024  # bytes: identity fields, timing, framing
 _SMALL_IDS = 64  # up to this many ids, Python's min/max beat numpy's
@@ -38,8 +51,8 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Fitted:
-    """Token ids after truncation, with their positions."""
+class TokenSequence:
+    """One input's token ids as admitted: after truncation, with the position of the first."""
 
     ids: torch.Tensor  # (T,) int64, at positions start_position .. start_position+T-1
     start_position: int
@@ -101,7 +114,7 @@ def check_ids(ids: np.ndarray, model: LoadedModel, field: str) -> None:
 
 
 def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: LoadedModel,
-               limits: Limits, field: str) -> Fitted:
+               limits: Limits, field: str) -> TokenSequence:
     """Apply max_seq_len and max_tokens_per_request: refuse or truncate."""
     T = int(ids.shape[0])
     if T == 0:
@@ -123,8 +136,8 @@ def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: Loade
         # TRUNCATE_LEFT keeps the tail; either way the kept tokens start at start_position.
         ids = ids[:keep] if truncate == pb.TRUNCATE_RIGHT else ids[T - keep:]
     kept = int(ids.shape[0])
-    return Fitted(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)), start_position,
-                  T - kept)
+    return TokenSequence(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)),
+                         start_position, T - kept)
 
 
 def check_compose(compose: int, model: LoadedModel) -> None:

@@ -43,7 +43,7 @@ class NativeFront:
                  stream_budgets: StreamBudgets | None = None) -> None:
         self.engine = engine
         self.frame = frame
-        # Bytes of stream answers the clients have not taken yet (pacing.py).
+        # Bytes of stream answers the clients have not taken yet (engine/budgets.py).
         self.stream_budgets = stream_budgets or StreamBudgets(16 << 20, 256 << 20)
 
     def handlers(self) -> grpc.GenericRpcHandler:
@@ -86,7 +86,7 @@ class NativeFront:
         """Bidi stream; up to STREAM_WINDOW requests in flight, responses in request order.
 
         A bad request ends the stream with its status; responses before it were delivered.
-        Answers the client has not taken yet are bounded in bytes (``pacing``): past the
+        Answers the client has not taken yet are bounded in bytes (``budgets``): past the
         budget, requests wait before their output is allocated, the window fills and the
         stream stops reading.
         """

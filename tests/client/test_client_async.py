@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from client import AsyncEmbeddingClient, EmbeddingError
-from service.server import ServerHandle
+from service.local import ServerHandle
 
 HELLO_WORLD = [31373, 995]
 R = TypeVar("R")

@@ -14,7 +14,7 @@ import pytest
 from client import EmbeddingClient
 from client.cli import main
 from service.format.checkpoint import Checkpoint, read_checkpoint
-from service.server import ServerHandle
+from service.local import ServerHandle
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO_WORLD = [31373, 995]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from client.diagnose import Listener, probe, split_target
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import start
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.server import ServerHandle
+from service.local import ServerHandle
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCKED = ("torch", "tiktoken", "safetensors", "service", "transformers")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from service.server import ServerHandle
+from service.local import ServerHandle
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_DEPENDENCIES = ("grpcio", "protobuf", "numpy")

@@ -16,7 +16,7 @@ import pytest
 
 from client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingError
 from client.retry import RetryPolicy
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import start
 
 

@@ -13,7 +13,7 @@ import torch
 from client import EmbeddingClient, EmbeddingError
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.format.checkpoint import Checkpoint
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import start
 
 HELLO_WORLD = [31373, 995]

@@ -10,7 +10,7 @@ import pytest
 
 from client import EmbeddingClient, EmbeddingError
 from client.cli import main
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import start
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import TRAINED_ROWS, tiny_tables
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -40,8 +40,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client import EmbeddingClient
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
-from service.format.checkpoint import EMBEDDINGS_FILE, read_checkpoint, write_checkpoint
+from service.format.checkpoint import EMBEDDINGS_FILE, read_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+from service.format.writer import write_checkpoint
 
 IMAGE_UID = 10001  # the Dockerfiles' USER 10001:10001
 STOP_GRACE_S = 30  # docs/deploy.md: docker stop -t 30 (the server drains for 10 s at most)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from service.engine import kernel_build
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.deploy.conftest import DEPLOY, REPO
 from tests.tiny_model import start
 

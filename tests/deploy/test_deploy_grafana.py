@@ -17,7 +17,7 @@ import pytest
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.promql_names import Exposition, check_query, parse_query
 

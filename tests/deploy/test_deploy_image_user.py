@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.format.checkpoint import DIR_MODE, FILE_MODE
+from service.format.writer import DIR_MODE, FILE_MODE
 from tests.deploy.conftest import DEPLOY, OVERLAYS
 
 DOCKERFILES = ("Dockerfile", "Dockerfile.cuda")

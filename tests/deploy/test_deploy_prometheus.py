@@ -15,7 +15,7 @@ import yaml
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.promql_names import Exposition, check_query, parse_query
 from tests.tiny_model import MakeCheckpoint, start

@@ -21,7 +21,7 @@ from examples.downstream_service import (
     predict,
     train_demo_checkpoint,
 )
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import start
 from training.model import GPT
 

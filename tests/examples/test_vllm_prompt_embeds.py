@@ -17,7 +17,7 @@ from examples.vllm_prompt_embeds import (
     main,
     to_torch,
 )
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import DIM, tiny_tables
 
 IDS = [31373, 995]  # "hello world"

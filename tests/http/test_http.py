@@ -13,7 +13,7 @@ import pytest
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.http.conftest import as_bits, binary_outputs, infer_body, request
 from tests.tiny_model import DIM
 

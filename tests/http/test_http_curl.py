@@ -16,7 +16,7 @@ import pytest
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import DIM
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "interop.md"

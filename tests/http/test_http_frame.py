@@ -21,7 +21,7 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service import tracing
 from service.errors import http_status_for
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.http.conftest import Reply, infer_body, request
 from tests.tiny_model import MakeCheckpoint, start
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.http.conftest import infer_body, request
 
 # (in the path, as the error quotes it): yarl decodes what is valid UTF-8 and keeps the rest

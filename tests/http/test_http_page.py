@@ -12,7 +12,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.http.conftest import request
 from tests.http.page_browser import (
     INKED,

@@ -19,7 +19,7 @@ import torch
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.hf_models import HIDDEN, MAX_POS, build, reference, save
 from tests.http.page_browser import (
     INKED,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.client.conftest import certs  # noqa: F401  (the openssl-made CA and certs)
 from tests.http.conftest import infer_body, request
 from tests.tiny_model import start

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import DIM, start
 
 DATATYPES = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16, "BF16": pb.DTYPE_BFLOAT16}

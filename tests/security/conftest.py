@@ -18,9 +18,9 @@ import pytest
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
-from service.format.checkpoint import write_checkpoint
 from service.format.tokenizer import gpt2_spec
-from service.server import ServerHandle
+from service.format.writer import write_checkpoint
+from service.local import ServerHandle
 from tests.tiny_model import MAX_SEQ_LEN, VOCAB_SIZE, MakeCheckpoint, start, tiny_tables
 
 TOKEN = "s3cret-token"

@@ -20,7 +20,7 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.security.conftest import AUTH, LIMITS, server_seconds, still_serves
 
 Code = grpc.StatusCode

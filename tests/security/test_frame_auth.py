@@ -27,7 +27,7 @@ from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
 from service.errors import MAX_MESSAGE_CHARS
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.security.conftest import AUTH, still_serves
 from tests.tiny_model import MakeCheckpoint, start
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.http.conftest import infer_body, request
 from tests.security.conftest import TOKEN
 

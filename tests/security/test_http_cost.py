@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.http.conftest import request
 from tests.security.conftest import LIMITS, TOKEN, server_seconds
 

@@ -14,9 +14,9 @@ import pytest
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.config import ServerConfig
+from service.local import ServerHandle
 from service.rpc import identity
 from service.rpc.identity import Identities, parse_tokens
-from service.server import ServerHandle
 from tests.security.shm_helpers import As, ShmObject, channel, shm_objects
 from tests.tiny_model import start
 

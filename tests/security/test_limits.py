@@ -19,7 +19,7 @@ import pytest
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.security.conftest import AUTH, LIMITS, WIDE_DIM, server_seconds, still_serves
 
 Code = grpc.StatusCode

@@ -20,8 +20,8 @@ import pytest
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
+from service.local import ServerHandle
 from service.logs import escape_controls, formatter
-from service.server import ServerHandle
 from tests.security.conftest import AUTH, still_serves
 
 FORGED = "2026-01-01 00:00:00,000 ERROR service.frame: forged"

@@ -16,9 +16,9 @@ import pytest
 from bench.soak.shm_truncate import MAX_SEQ_LEN, MODEL, VOCAB, run_truncate_scenario, tables
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
-from service.format.checkpoint import write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
-from service.server import ServerHandle
+from service.format.writer import write_checkpoint
+from service.local import ServerHandle
 from tests.security.shm_helpers import (
     DIM,
     IDS,

@@ -8,10 +8,11 @@ from pathlib import Path
 import torch
 
 from bench.big_table import TABLES
-from service.engine.repository import load_model
+from service.engine.loading import load_model
 from service.engine.tables import COMPOSE_TOKEN_PLUS_POSITION
-from service.format.checkpoint import read_checkpoint, write_checkpoint
+from service.format.checkpoint import read_checkpoint
 from service.format.rules import Rules
+from service.format.writer import write_checkpoint
 
 
 def _bf16_model(tmp_path: Path) -> Path:

@@ -28,7 +28,7 @@ from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from genproto.inference.v2 import grpc_service_pb2 as oip
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.service.fuzz_oracle import (
     GOOD,
     MAX_MESSAGE_BYTES,

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.service.fuzz_oracle import SERVER_CONFIG
 from tests.service.fuzz_strategies import FUZZ
 from tests.tiny_model import start

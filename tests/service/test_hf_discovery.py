@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from client import EmbeddingClient
 from service.format.checkpoint import MANIFEST_FILE
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.hf_models import (
     DISCOVERY_MODELS,
     FAMILY_MODELS,

@@ -16,7 +16,7 @@ import torch
 
 from client import EmbeddingClient, EmbeddingError
 from client.cli import main as cli_main
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.hf_models import FAMILY_MODELS, HIDDEN, LEARNED, MAX_POS, VOCAB, build, reference, save
 from tests.tiny_model import start
 from training.importers import main as import_main

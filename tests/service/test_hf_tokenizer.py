@@ -20,9 +20,9 @@ from client import EmbeddingClient
 from client.cli import main as cli_main
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
-from service.engine.repository import load_model
+from service.engine.loading import load_model
 from service.format.checkpoint import CheckpointError
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.hf_models import HIDDEN
 from tests.tiny_model import start
 from training.importers import LLAMA3_PAT_STR, main

@@ -23,7 +23,7 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service import tracing
 from service.config import parse_config
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import start
 
 SERVICE = "embedding.v1.EmbeddingService"

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from service.format.checkpoint import write_checkpoint
 from service.format.positions import sinusoidal_table
 from service.format.tokenizer import default_ranks_path, gpt2_spec
+from service.format.writer import write_checkpoint
 from training.inspect import (
     load_model,
     lookup_figure_size,

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from service.format.checkpoint import DIR_MODE, FILE_MODE, write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
+from service.format.writer import DIR_MODE, FILE_MODE, write_checkpoint
 from tests.training.conftest import MakeConfig
 from tests.training.test_importers import _nanogpt_ckpt
 from training.data import load_tokens

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from service.format.checkpoint import MANIFEST_FILE, Manifest, write_checkpoint
+from service.format.checkpoint import MANIFEST_FILE, Manifest
 from service.format.tokenizer import (
     GPT2_PAT_STR,
     GPT2_SPECIAL_TOKENS,
@@ -30,6 +30,7 @@ from service.format.tokenizer import (
     gpt2_spec,
     load_tokenizer,
 )
+from service.format.writer import write_checkpoint
 from training.importers.hf import load_hf
 from training.importers.nanogpt import load_nanogpt
 from training.importers.source import ImporterError, SourceTables

@@ -23,7 +23,7 @@ import torch
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import MAX_SEQ_LEN, VOCAB_SIZE, MakeCheckpoint, start, tiny_tables
 
 SEEDS = {1: 10, 2: 20, 3: 30, 4: 40}  # version -> table seed

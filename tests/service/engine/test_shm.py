@@ -16,7 +16,7 @@ from client.codec import EmbeddingError
 from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import DIM, start
 
 IDS = [31373, 995, 0, 50256, 7, 11]

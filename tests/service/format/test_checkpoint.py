@@ -15,13 +15,12 @@ from service.format.checkpoint import (
     CheckpointError,
     Manifest,
     list_versions,
-    next_version,
     read_checkpoint,
     read_safetensors,
     verify_checkpoint,
-    write_checkpoint,
 )
 from service.format.tokenizer import GPT2_RANKS_SHA256, gpt2_spec
+from service.format.writer import next_version, write_checkpoint
 from tests.tiny_model import DIM, MAX_SEQ_LEN, TABLE_ROWS, VOCAB_SIZE, MakeCheckpoint, tiny_tables
 
 

@@ -13,7 +13,7 @@ import transformers  # in requirements-dev.txt: missing is an error, never a ski
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import TRAINED_ROWS, MakeCheckpoint, start, tiny_tables
 
 

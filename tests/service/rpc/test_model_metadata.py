@@ -16,7 +16,7 @@ from google.protobuf import json_format
 
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.hf_models import HIDDEN, build, save
 from tests.tiny_model import start
 from training.importers import main as import_main

@@ -16,7 +16,7 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.tiny_model import DIM, MakeCheckpoint, start
 
 IDS = [31373, 995, 0, 50256]

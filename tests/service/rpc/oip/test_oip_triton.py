@@ -13,7 +13,7 @@ import pytest
 from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.server import ServerHandle
+from service.local import ServerHandle
 from tests.service.rpc.oip.conftest import Triton
 from tests.tiny_model import DIM, start
 

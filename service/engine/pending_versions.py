@@ -2,9 +2,9 @@
 
 A version copied in file by file (``cp -r``, ``rsync``, ``kubectl cp``) is seen by a poll
 half written: manifest without tables, a table still growing. Such a version fails to
-load, but it is not broken yet, only not ready. :class:`Arrivals` tells the two apart: a
-version that fails is *pending* (logged once at INFO, not counted as a load failure, and
-retried every poll) until its files have stayed unchanged for the grace time, judged by
+load, but it is not broken yet, only not ready. :class:`PendingVersions` tells the two
+apart: a version that fails is *pending* (logged once at INFO, not counted as a load
+failure, and retried every poll) until its files have stayed unchanged for the grace time, judged by
 the newest change time (ctime) in its directory, and by this process's own clock since it
 first saw that state, whichever says so first. ctime cannot be set back by ``cp -p`` or
 ``rsync -a`` (mtime can), so a copy that preserves old timestamps still counts as new. A
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Arrivals", "tree_signature"]
+__all__ = ["PendingVersions", "tree_signature"]
 
 
 def tree_signature(version_dir: Path) -> float:
@@ -38,7 +38,7 @@ class _Seen:
     since: float  # time.monotonic() when this signature was first seen failing
 
 
-class Arrivals:
+class PendingVersions:
     """Versions that failed to load but may still be arriving."""
 
     def __init__(self, grace_seconds: float) -> None:
@@ -61,10 +61,6 @@ class Arrivals:
             self.forget(version_dir)
             return True
         return False
-
-    def is_pending(self, version_dir: Path) -> bool:
-        """Whether the version failed to load and is still within its grace time."""
-        return version_dir in self._pending
 
     def first_notice(self, version_dir: Path) -> bool:
         """True once per pending version: its "not ready yet" line is logged once, not at
