@@ -36,7 +36,7 @@ import torch
 from bench.servers import child_env, free_port
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.format.checkpoint import write_checkpoint
+from service.format.writer import write_checkpoint
 from service.format.rules import Rules
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 
@@ -53,7 +53,7 @@ _STARTUP = """
 import json, sys, time
 from pathlib import Path
 from service.config import ServerConfig
-from service.server import start_in_thread
+from service.local import start_in_thread
 config = ServerConfig(model_repository=Path(sys.argv[1]), grpc_port=0, http_port=-1,
                       metrics_port=-1,
                       poll_seconds=0)

@@ -98,7 +98,7 @@ def _faults(repo: Path, tunables: bool, n: int) -> dict[str, float]:
 
 def _startup(repo: Path) -> float:
     from service.config import ServerConfig
-    from service.server import start_in_thread
+    from service.local import start_in_thread
 
     config = ServerConfig(model_repository=repo / "models", grpc_port=0, http_port=-1,
                           metrics_port=-1,

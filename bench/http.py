@@ -145,7 +145,7 @@ def write_model(repo: Path) -> None:
     """The bench model: GPT-2's shapes, random tables, written by the real checkpoint code."""
     import torch
 
-    from service.format.checkpoint import write_checkpoint
+    from service.format.writer import write_checkpoint
     from service.format.tokenizer import default_ranks_path, gpt2_spec
 
     g = torch.Generator().manual_seed(0)

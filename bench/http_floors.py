@@ -64,11 +64,11 @@ _HEAD = b'{"model_name":"bench","outputs":[]}'  # stands in for the JSON header
 def serve(port: int, variant: str, T: int, repo: Path) -> None:
     """Serve one variant on ``port`` until killed."""
     import torch
+    from service.rpc.codec import ResponseWriter
 
     from service.engine.batcher import Timing
-    from service.engine.repository import load_model
+    from service.engine.loading import load_model
     from service.engine.tables import EmbeddingTables
-    from service.rpc.codec import ResponseWriter
 
     torch.set_num_threads(1)  # the service's default
     tables = load_model(MODEL, repo / MODEL / "1", torch.device("cpu"), torch.float32).tables

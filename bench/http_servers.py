@@ -59,10 +59,10 @@ def run_floor(port: int, responses: Path, repo: Path) -> None:
     No parsing, admission, batching or frame. Binary cells only; each body is checked
     once against the service's captured response, byte for byte."""
     import torch
+    from service.rpc.codec import ResponseWriter
 
     from service.engine.batcher import Timing
-    from service.engine.repository import load_model
-    from service.rpc.codec import ResponseWriter
+    from service.engine.loading import load_model
 
     torch.set_num_threads(1)  # the service's default
     tables = load_model(MODEL, repo / MODEL / "1", torch.device("cpu"), torch.float32).tables

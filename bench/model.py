@@ -28,7 +28,7 @@ def ensure_model(repo: Path, dim: int, max_seq_len: int, seed: int = 0) -> Path:
     # torch only here: the load generator and the ceiling server never import it.
     import torch
 
-    from service.format.checkpoint import write_checkpoint
+    from service.format.writer import write_checkpoint
     from service.format.tokenizer import default_ranks_path, gpt2_spec
 
     shutil.rmtree(repo, ignore_errors=True)

@@ -26,9 +26,9 @@ import torch
 from client import EmbeddingClient
 from client.shm import SharedMemoryRegion
 from service.config import ServerConfig
-from service.format.checkpoint import write_checkpoint
+from service.format.writer import write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
-from service.server import start_in_thread
+from service.local import start_in_thread
 
 VOCAB = 50257
 

@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.servers import child_env
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.format.checkpoint import write_checkpoint
+from service.format.writer import write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 
 VOCAB = 50257

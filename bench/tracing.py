@@ -37,7 +37,7 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service import tracing
 from service.config import ServerConfig
-from service.server import ServerHandle, start_in_thread
+from service.local import ServerHandle, start_in_thread
 
 __all__ = ["main", "run_sink"]
 

@@ -20,7 +20,8 @@ import torch
 from bench.servers import GLIBC_TUNABLES, ServerProcess
 from bench.soak.oracle import Oracle, PublishedVersion
 from bench.soak.requests import MODEL
-from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE, write_checkpoint
+from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE
+from service.format.writer import write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 
 __all__ = ["ROOT", "Publisher", "launch", "tree_rss_mb", "worker_pids"]

@@ -38,7 +38,7 @@ import torch
 from bench.servers import free_port, launch, wait_serving
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.format.checkpoint import write_checkpoint
+from service.format.writer import write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 
 __all__ = ["Outcome", "main", "run_truncate_scenario"]
