@@ -137,12 +137,12 @@ def test_hf_gpt2_dtype_cast(gpt2_model: tuple[Path, Any], tmp_path: Path) -> Non
 def test_name_map_check_writes_nothing(gpt2_lm_model: tuple[Path, Any], tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     src, _ = gpt2_lm_model
-    out = tmp_path / "x" / "1"
-    assert main(["hf-gpt2", str(src), "--out", str(out), "--name-map-check"]) == 0
+    before = sorted(tmp_path.iterdir())
+    assert main(["hf-gpt2", str(src), "--name-map-check"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "transformer.wte.weight -> token_embedding [50257, 8] float32",
         "transformer.wpe.weight -> position_embedding [64, 8] float32"]
-    assert not out.parent.exists()
+    assert sorted(tmp_path.iterdir()) == before
 
 
 def _fake_hf_dir(path: Path, tensors: dict[str, torch.Tensor], vocab_size: int = GPT2_VOCAB,
@@ -210,10 +210,13 @@ def test_existing_version_refused(gpt2_model: tuple[Path, Any], tmp_path: Path,
     src, _ = gpt2_model
     out = tmp_path / "m" / "1"
     out.mkdir(parents=True)
-    assert main(["hf-gpt2", str(src), "--out", str(out)]) == 2
-    assert "versions are immutable" in capsys.readouterr().err
-    assert main(["hf-gpt2", str(src), "--out", str(tmp_path / "m" / "latest")]) == 2
-    assert "version a positive integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["hf-gpt2", str(src), "--out", str(out)])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        f"python -m training.importers hf-gpt2: error: --out {out}: exists; versions are "
+        f"immutable, name a new version (see --help)\n")
+    assert list(out.iterdir()) == []
 
 
 def test_module_entry_point(gpt2_model: tuple[Path, Any]) -> None:
@@ -262,9 +265,15 @@ def test_hf_llama_bad_special_tokens(tmp_path: Path, capsys: pytest.CaptureFixtu
     transformers.LlamaConfig(vocab_size=GPT2_VOCAB, hidden_size=8,
                               num_attention_heads=2).save_pretrained(src)
     save_file({"embed_tokens.weight": torch.zeros(GPT2_VOCAB, 8)}, str(src / "model.safetensors"))
-    assert main(["hf-llama", str(src), "--out", str(tmp_path / "m" / "1"), "--tokenizer",
-                 str(default_ranks_path()), "--special-tokens", "[1, 2]"]) == 2
-    assert "--special-tokens: need a JSON object" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["hf-llama", str(src), "--out", str(tmp_path / "m" / "1"), "--tokenizer",
+              str(default_ranks_path()), "--special-tokens", "[1, 2]"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m training.importers hf-llama: error: --special-tokens '[1, 2]': accepts a "
+        "JSON object of token -> id (id >= 0), or a file holding one; only with --tokenizer "
+        "(see --help)\n")
+    assert not (tmp_path / "m").exists()
 
 
 # --- nanoGPT -----------------------------------------------------------------------------
@@ -315,7 +324,11 @@ def test_nanogpt_refuses_pickled_objects(tmp_path: Path,
     path = tmp_path / "evil.pt"
     torch.save({"model": {}, "model_args": {}, "payload": _NotAllowed()}, path)
     assert main(["nanogpt", str(path), "--out", str(tmp_path / "m" / "1")]) == 2
-    assert "cannot load with weights_only=True" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"error: {path}: holds Python objects besides tensors and plain containers "
+        f"(tests.training.test_importers._NotAllowed): refused; a checkpoint is read as "
+        f"data, never as code\n")
+    assert not (tmp_path / "m").exists()
 
 
 def test_nanogpt_shape_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,8 +24,9 @@ import torch
 
 from service.engine.rules import RuleTables
 from training.importers.candidates import Candidate, candidates, scales
-from training.importers.reference import Probe, Reference, load_transformers
-from training.importers.source import ImporterError, SafetensorsDir, SourceTables
+from training.importers.reference import Probe, Reference
+from training.importers.source import ImporterError, SafetensorsDir, SourceTables, reason
+from training.importers.untrusted import guarded
 
 __all__ = ["discover", "probes_for"]
 
@@ -169,7 +170,11 @@ def _max_seq_len(ref: Reference, cand: Candidate, flag: int | None) -> int:
 def discover(src: SafetensorsDir, max_seq_len: int | None = None) -> SourceTables:
     """The tables and the one rule that reproduce the family's own embeddings bit for bit
     (ImporterError, with what did not match, when no rule of the vocabulary does)."""
-    tf = load_transformers()
+    with guarded() as tf:
+        return _discover(src, tf, max_seq_len)
+
+
+def _discover(src: SafetensorsDir, tf: Any, max_seq_len: int | None) -> SourceTables:
     ref32 = Reference(src, torch.float32)
     text = ref32.text_config
     token_name = ref32.token_table_name()
@@ -180,9 +185,9 @@ def discover(src: SafetensorsDir, max_seq_len: int | None = None) -> SourceTable
                         ref32.takes_positions)
     try:
         hidden_src, token_src = ref32.sources(probes[0])
-    except (RuntimeError, ValueError, IndexError, TypeError) as e:
+    except Exception as e:  # the family's own code fails on ids alone: a refusal
         raise ImporterError(f"{src.dir}: the reference ({type(ref32.model).__name__}) "
-                            f"failed on a probe ({type(e).__name__}: {e})") from e
+                            f"failed on a probe ({reason(e)})") from None
     if token_src != {token_name} or token_name not in hidden_src:
         raise ImporterError(f"{src.dir}: get_input_embeddings()(ids) is computed from "
                             f"{sorted(token_src)} and hidden_states[0] from "
@@ -205,9 +210,9 @@ def discover(src: SafetensorsDir, max_seq_len: int | None = None) -> SourceTable
             ref.set(name, t, rows if name == token_name and ref.dtype != stored else None)
     try:
         outputs = {id(r): [r.run(p) for p in probes] for r in refs}
-    except (RuntimeError, ValueError, IndexError, TypeError) as e:
+    except Exception as e:  # the family's own code fails on ids alone: a refusal
         raise ImporterError(f"{src.dir}: the reference ({type(ref32.model).__name__}) "
-                            f"failed on the probes ({type(e).__name__}: {e})") from e
+                            f"failed on the probes ({reason(e)})") from None
     hidden0, token0 = outputs[id(ref32)][0]
     gathered = tensors[token_name][torch.tensor(probes[0].ids)].float()  # (T, dim)
     embed_scales: list[float | None] = [None]

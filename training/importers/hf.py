@@ -22,6 +22,7 @@ from training.importers.source import (
     config_int,
     resolve_names,
 )
+from training.importers.untrusted import refuse_custom_code
 
 __all__ = ["family_of", "load_hf"]
 
@@ -58,7 +59,9 @@ def load_hf(model_dir: Path, max_seq_len: int | None = None,
             expect: str | None = None, discover: bool = False) -> SourceTables:
     """Read the embedding tensors of an HF model (``expect``: the only model_type an alias
     such as ``hf-gpt2`` accepts): a hand-written family by its name map, any other by
-    discovery; ``discover``: discovery for a hand-written family too, cross-checked."""
+    discovery; ``discover``: discovery for a hand-written family too, cross-checked. A
+    directory that names code of its own is refused first: nothing in it is ever run."""
+    refuse_custom_code(model_dir)
     src = SafetensorsDir(model_dir)
     model_type = src.config.get("model_type")
     if expect is None and str(model_type) not in FAMILIES:
