@@ -167,7 +167,8 @@ def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
     position_table = tensors.get("position_embedding")
     if m.position == "learned":
         offset = m.rules.position_offset  # OPT stores 2 rows before position 0
-        expected = (m.max_seq_len + offset, m.width)
+        expected = (m.max_seq_len + offset,
+                    m.dim if m.rules.position_width_is_dim else m.width)
         if position_table is None or tuple(position_table.shape) != expected:
             got = None if position_table is None else tuple(position_table.shape)
             raise CheckpointError(f"{EMBEDDINGS_FILE}: position_embedding shape {got}, "
@@ -260,7 +261,8 @@ def write_checkpoint(
     if (position == "learned") != (position_table is not None):
         raise ValueError("position_table is required exactly when position == 'learned'")
     rules = rules or Rules()
-    want = (max_seq_len + rules.position_offset, hidden_size or dim)
+    want = (max_seq_len + rules.position_offset,
+            dim if rules.position_width_is_dim else hidden_size or dim)
     if position_table is not None and tuple(position_table.shape) != want:
         raise ValueError(f"position_table shape {tuple(position_table.shape)} != {want}")
     if sorted(rule_tensors or {}) != sorted(rules.tensors()):

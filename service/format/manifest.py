@@ -114,9 +114,9 @@ class Manifest:
         if m.dtype not in TABLE_DTYPE_NAMES:
             raise CheckpointError(f"{where}: dtype {m.dtype!r} not supported")
         if m.hidden_size < 0 or (m.hidden_size and m.hidden_size != m.dim
-                                 and not m.rules.project_in):
+                                 and not (m.rules.project_in or m.rules.project_hidden)):
             raise CheckpointError(f"{where}: hidden_size {m.hidden_size} differs from dim "
-                                  f"{m.dim} without the project_in rule")
+                                  f"{m.dim} without a project_in or project_hidden rule")
         names = [EMBEDDINGS_FILE] + ([] if m.tokenizer is None else [m.tokenizer.file])
         for name in names:
             if name not in m.files:
