@@ -120,8 +120,13 @@ def test_pickled_weights_refused(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_max_seq_len_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bloom = save(build("bloom"), tmp_path / "bloom")
+    capsys.readouterr()
     assert _import(bloom, tmp_path / "b" / "1") == 2
-    assert "bloom states no context length; pass --max-seq-len" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"error: {bloom / 'config.json'}: bloom states no context length (none of "
+        f"max_position_embeddings, n_positions, n_ctx, max_seq_len, max_sequence_length, "
+        f"max_seq_length, seq_length, context_length, model_max_length); pass --max-seq-len "
+        f"(e.g. 2048 for BLOOM)\n")
     gpt2 = save(build("gpt2"), tmp_path / "gpt2")
     assert _import(gpt2, tmp_path / "g" / "1", "--max-seq-len", "8") == 2
     assert "gpt2 has a learned position table" in capsys.readouterr().err
@@ -159,3 +164,22 @@ def test_rule_tensor_shape_checked(tmp_path: Path, capsys: pytest.CaptureFixture
     assert _import(src, tmp_path / "m" / "1", "--max-seq-len", "8") == 2
     assert (f"word_embeddings_layernorm.weight has shape ({HIDDEN - 1},), expected "
             f"({HIDDEN},) = [hidden_size]") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["seq_length", "max_sequence_length", "n_ctx"])
+def test_context_length_under_another_key(tmp_path: Path, key: str) -> None:
+    """A config.json that states the context length under another name than the
+    family's own (BLOOM states none; Llama's max_position_embeddings removed) is read
+    without --max-seq-len; a tokenizer's "no limit" sentinel is not a length."""
+    bloom = save(build("bloom"), tmp_path / "bloom")
+    config = json.loads((bloom / "config.json").read_text())
+    (bloom / "config.json").write_text(json.dumps({**config, key: 77}))
+    assert _import(bloom, tmp_path / "b" / "1") == 0
+    assert read_checkpoint(tmp_path / "b" / "1").manifest.max_seq_len == 77
+    llama = save(build("llama"), tmp_path / "llama")
+    config = json.loads((llama / "config.json").read_text())
+    del config["max_position_embeddings"]
+    (llama / "config.json").write_text(json.dumps(
+        {**config, "model_max_length": int(1e30), key: 55}))
+    assert _import(llama, tmp_path / "l" / "1") == 0
+    assert read_checkpoint(tmp_path / "l" / "1").manifest.max_seq_len == 55

@@ -95,11 +95,15 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def _cut_down(config: Any) -> Any:
-    """A copy of the text config with one layer (per-layer lists cut to match)."""
+    """A copy of the text config with one layer (per-layer lists cut to match); the whole
+    config where the family does not let its layer count be set (Funnel's blocks)."""
     cut = config.__class__.from_dict(config.to_dict())
     n = getattr(cut, "num_hidden_layers", None)
     if isinstance(n, int) and n > 1:
-        cut.num_hidden_layers = 1
+        try:
+            cut.num_hidden_layers = 1
+        except Exception:  # a computed count (Funnel: block_sizes): keep every layer
+            return config.__class__.from_dict(config.to_dict())
         for key, value in list(vars(cut).items()):
             if isinstance(value, list) and len(value) == n and key.endswith("layer_types"):
                 setattr(cut, key, value[:1])
@@ -117,6 +121,10 @@ class Reference:
             try:
                 config = tf.AutoConfig.from_pretrained(str(src.dir), **SAFE_KWARGS)
             except (ValueError, KeyError, OSError) as e:
+                if "trust_remote_code" in str(e):  # transformers found code it would run
+                    raise ImporterError(f"{src.dir / 'config.json'}: names code of its own: "
+                                        f"refused; files in a model directory are data and "
+                                        f"are never run") from None
                 raise ImporterError(f"{src.dir / 'config.json'}: transformers "
                                     f"{tf.__version__} cannot read it ({reason(e)})") from None
             self.full_config = config

@@ -20,9 +20,17 @@ from safetensors import SafetensorError, safe_open
 from service.format.rules import Rules
 from service.format.tensorfile import sha256_file  # re-exported: one file hash for the project
 
-__all__ = ["ImporterError", "SafetensorsDir", "SourceTables", "check_shape", "config_int",
-           "read_json_object", "reason", "resolve_names", "sha256_file"]
+__all__ = ["CONTEXT_KEYS", "ImporterError", "SafetensorsDir", "SourceTables", "check_shape",
+           "config_int", "context_length", "read_json_object", "reason", "resolve_names",
+           "sha256_file"]
 
+# The names transformers' families (and the checkpoints they load) give the context
+# length, first found wins: GPT-2 n_positions/n_ctx, MPT and DBRX max_seq_len, RWKV
+# context_length, ChatGLM seq_length, Kimi model_max_length, ...
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
+                "max_sequence_length", "max_seq_length", "seq_length", "context_length",
+                "model_max_length")
+_MAX_CONTEXT = (1 << 31) - 1  # above: a tokenizer's "no limit" sentinel, not a length
 # Pickled weight files: refused by name, never opened.
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -31,8 +39,12 @@ _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # setting (remote code, unpickling, verification). Matched case-insensitively.
 _WEAKENING = re.compile(
     r"trust_remote_code|remote code|custom code|weights_only|pickl|allow_unsafe|unsafe"
-    r"|insecure|verify\s*=\s*false|disabl\w*[\s_-]+(ssl|verif|check)|no[-_]verify",
+    r"|insecure|verify\s*=\s*false|disabl\w*[\s_-]+(ssl|verif|check)|no[-_]verify"
+    r"|trusted? (the )?source|can still be loaded",
     re.IGNORECASE)
+
+
+_CONTROL = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
 
 
 class ImporterError(Exception):
@@ -43,7 +55,8 @@ def reason(e: BaseException) -> str:
     """A library's exception as a clause of our own one-line message: the whole sentences
     of its first line that fit in 200 characters, without any that advise weakening a
     safety setting (its type name where nothing is left)."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = _CONTROL.sub("", str(e))  # terminal colours and other control characters
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     sentences = re.split(r"(?<=[.!?])\s+", lines[0]) if lines else []
     kept: list[str] = []
     for sentence in sentences:
@@ -136,6 +149,19 @@ def config_int(config: Mapping[str, Any], keys: Sequence[str], where: str) -> in
         if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
             return int(config[key])
     raise ImporterError(f"{where}: no integer {' or '.join(keys)}")
+
+
+def context_length(*configs: Any) -> tuple[str, int] | None:
+    """(key, value) of the first of CONTEXT_KEYS stated as a positive integer, searching
+    each config in turn (a transformers config object, or a config.json dict)."""
+    for config in configs:
+        for key in CONTEXT_KEYS:
+            value = (config.get(key) if isinstance(config, Mapping)
+                     else getattr(config, key, None))
+            if (isinstance(value, int) and not isinstance(value, bool)
+                    and 0 < value <= _MAX_CONTEXT):
+                return key, value
+    return None
 
 
 class SafetensorsDir:
