@@ -100,8 +100,13 @@ class Manifest:
                     family=str(d.get("family", "")),
                     rules=Rules.from_dict(d.get("rules") or {}),
                     hidden_size=int(d.get("hidden_size", 0)))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{where}: invalid manifest ({type(e).__name__}: {e})") from e
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} "
+                                  f"column {e.colno})") from None
+        except KeyError as e:
+            raise CheckpointError(f"{where}: invalid manifest (no field {e})") from None
+        except (ValueError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{where}: invalid manifest ({e})") from None
         if m.format != FORMAT:
             raise CheckpointError(f"{where}: format {m.format!r}, expected {FORMAT!r}")
         if m.position not in POSITION_KINDS:
