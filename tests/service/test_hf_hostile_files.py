@@ -212,6 +212,14 @@ _VERSION_CASES: dict[str, Callable[[Path], None]] = {
             {**json.loads((v / "manifest.json").read_text()),
              "rules": {"layernorm": {"eps": 1e-5}}})),
         _rehash(v, "embeddings.safetensors")),
+    "a rule tensor of the wrong shape": lambda v: (
+        save_file({"token_embedding": torch.zeros(96, 24), "layernorm_weight": torch.ones(5),
+                   "layernorm_bias": torch.zeros(24)},
+                  str(v / "embeddings.safetensors"), metadata={"format": "x"}),
+        (v / "manifest.json").write_text(json.dumps(
+            {**json.loads((v / "manifest.json").read_text()),
+             "rules": {"layernorm": {"eps": 1e-5}}})),
+        _rehash(v, "embeddings.safetensors")),
     "code beside it": lambda v: (v / "modeling_evil.py").write_text("raise SystemExit"),
 }
 
