@@ -106,9 +106,9 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
     for name, help_ in helps.items():
         s = sub.add_parser(name, help=help_)
         if name == "nanogpt":
-            s.add_argument("ckpt", type=Path, help=RULES["ckpt"])
+            s.add_argument("ckpt", type=Path, metavar="CKPT", help=RULES["ckpt"])
         else:
-            s.add_argument("dir", type=Path, help=RULES["dir"])
+            s.add_argument("dir", type=Path, metavar="DIR", help=RULES["dir"])
         s.add_argument("--out", type=_version_dir,
                        help="models/<name>/<version>, a new version (required to write); "
                             "missing directories above it are created")
@@ -123,8 +123,8 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
         s.add_argument("--no-tokenizer", action="store_true",
                        help="import ids-only even when DIR has a tokenizer.json")
         s.add_argument("--max-seq-len", type=_positive_int,
-                       help="context length where config.json states none (BLOOM); "
-                            "families without a position table only")
+                       help="context length where config.json states none under any name "
+                            "families use (BLOOM); families without a position table only")
         s.add_argument("--pat-str", type=_pat_str,
                        help="pre-tokenizer regex of a --tokenizer .tiktoken")
         s.add_argument("--special-tokens",
