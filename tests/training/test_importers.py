@@ -495,3 +495,17 @@ def test_internal_error_is_one_line_and_a_log(tmp_path: Path, monkeypatch: pytes
     assert "Traceback (most recent call last)" in text
     assert 'RuntimeError: a bug\n  File "x.py", line 3' in text
     assert not (tmp_path / "m").exists()
+
+
+def test_writes_exactly_the_version_named(gpt2_model: tuple[Path, Any], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The version directory named by --out (its missing parents made, nothing else), and
+    the one line on stdout names it."""
+    src, _ = gpt2_model
+    out = tmp_path / "repo" / "gpt2" / "1"
+    assert main(["hf-gpt2", str(src), "--out", str(out)]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"wrote {out}: family=gpt2 rules='none' vocab_size=50257 ")
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert written == ["repo", "repo/gpt2", "repo/gpt2/1", "repo/gpt2/1/embeddings.safetensors",
+                       "repo/gpt2/1/manifest.json", "repo/gpt2/1/tokenizer.tiktoken"]
