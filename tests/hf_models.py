@@ -91,6 +91,9 @@ def reference(model: Any, name: str, ids: list[int], start: int) -> tuple[torch.
 # Families without a hand-written entry: imported through discovery only. Decoders with
 # and without scaled embeddings, rotary or learned positions, and multimodal checkpoints
 # whose language model is nested (text_config). name -> (model class, config).
+_EMBED = 8  # embedding_size of the projected encoders: narrower than HIDDEN
+_ENCODER = {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 32,
+            "max_position_embeddings": MAX_POS, **_LAYERS}
 _VISION = {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1,
            "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
 _TEXT = {k: v for k, v in _DECODER.items() if k != "pad_token_id"}
@@ -128,11 +131,25 @@ DISCOVERY_MODELS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "smollm3": (tf.SmolLM3ForCausalLM, tf.SmolLM3Config(**_DECODER)),
     "qwen3_moe": (tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
         **_DECODER, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)),
+    # The context length under another key than max_position_embeddings (MPT: max_seq_len)
+    "mpt": (tf.MptForCausalLM, tf.MptConfig(
+        vocab_size=VOCAB, d_model=HIDDEN, n_heads=2, n_layers=1, max_seq_len=MAX_POS,
+        expansion_ratio=2)),
+    # Encoders whose embedding (width embedding_size) is projected to the hidden size by a
+    # Linear with a bias after its LayerNorm, inside the embeddings or after them.
+    "albert": (tf.AlbertForMaskedLM, tf.AlbertConfig(**_ENCODER, embedding_size=_EMBED)),
+    "electra": (tf.ElectraModel, tf.ElectraConfig(**_ENCODER, embedding_size=_EMBED)),
+    "convbert": (tf.ConvBertModel, tf.ConvBertConfig(  # + positions before the type row
+        **_ENCODER, embedding_size=_EMBED)),
+    "roformer": (tf.RoFormerModel, tf.RoFormerConfig(  # rotary: no position table
+        **_ENCODER, embedding_size=_EMBED)),
+    "squeezebert": (tf.SqueezeBertModel, tf.SqueezeBertConfig(  # positions, then the type
+        **_ENCODER, embedding_size=HIDDEN)),
 }
 # Families whose embeddings are no composition of the rules the server applies.
 OUTSIDE_MODELS: dict[str, tuple[Callable[[Any], Any], Any]] = {
-    # LayerNorm, then a projection with a bias: neither the order nor the bias is a rule
-    "electra": (tf.ElectraModel, tf.ElectraConfig(
-        vocab_size=VOCAB, embedding_size=8, hidden_size=HIDDEN, intermediate_size=32,
-        max_position_embeddings=MAX_POS, **_LAYERS)),
+    # a projection of the token rows with a bias, then MobileBERT's NoNorm (w * x + b)
+    "mobilebert": (tf.MobileBertModel, tf.MobileBertConfig(
+        **_ENCODER, embedding_size=_EMBED, intra_bottleneck_size=8, true_hidden_size=8,
+        num_feedforward_networks=1)),
 }

@@ -15,7 +15,9 @@ reference's order, so a bf16 model served in bf16 rounds where transformers roun
     x = F.linear(x, project_in_weight)      # (N, C)      OPT-350m
     x = x + token_type_row                  # (N, C)      BERT: inputs_embeds + token_type(0)
     x = x + position_table[positions]       # (N, C)      learned positions
+    (token_type_last: the position rows first, then the token-type row: ConvBERT)
     x = F.layer_norm(x, (C,), w, b, eps)    # (N, C)      BLOOM, BERT
+    x = F.linear(x, W, bias)                # (N, H)      ALBERT, ELECTRA: project_hidden
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class RuleTables:
         self.token_type = on.get("token_type_embedding")  # (1, C)
         self.ln_weight = on.get("layernorm_weight")  # (C,)
         self.ln_bias = on.get("layernorm_bias")  # (C,)
+        self.project_hidden = on.get("project_hidden_weight")  # (H, C)
+        self.project_hidden_bias = on.get("project_hidden_bias")  # (H,)
 
     def token_rows(self, token_table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``get_input_embeddings()(ids)``: the gathered rows, scaled where the family
@@ -80,13 +84,20 @@ class RuleTables:
             # rounding may depend on how many rows it is given.
             x = torch.cat([F.linear(part, self.project_in)  # (T, C)
                            for part in torch.split(x, [T for _, T in spans])])  # (N, C)
-        if self.token_type is not None:
+        # Two sums round differently in another order: each family's own order is kept.
+        if self.token_type is not None and not self.rules.token_type_last:
             x = x + self.token_type  # (N, C)
         if position_table is not None:
             x = x + torch.index_select(position_table, 0, positions)  # (N, C)
+        if self.token_type is not None and self.rules.token_type_last:
+            x = x + self.token_type  # (N, C)
         if self.ln_weight is not None:
             assert self.rules.layernorm_eps is not None
             assert self.ln_bias is not None
             x = F.layer_norm(x, (x.shape[1],), self.ln_weight, self.ln_bias,
                              self.rules.layernorm_eps)  # (N, C)
+        if self.project_hidden is not None:
+            # One matmul (with its bias) per sequence, as for project_in.
+            x = torch.cat([F.linear(part, self.project_hidden, self.project_hidden_bias)
+                           for part in torch.split(x, [T for _, T in spans])])  # (N, H)
         return x

@@ -103,7 +103,9 @@ class EmbeddingTables:
         self._rules = (RuleTables(self.rules, rule_tensors or {}, device, dtype)
                        if self.rules.computes else None)
         # Width of the default compose: what the first block reads (OPT project_in: C != dim)
-        project = None if self._rules is None else self._rules.project_in
+        project = None if self._rules is None else (
+            self._rules.project_in if self._rules.project_in is not None
+            else self._rules.project_hidden)
         self.width = self.dim if project is None else int(project.shape[0])
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
         # The one-pass lookup (``lookup.c``) serves fp32 tables on CPU whenever it is
@@ -143,11 +145,18 @@ class EmbeddingTables:
         if r is not None and r.ln_weight is not None and r.ln_bias is not None:
             C = int(r.ln_weight.shape[0])
             x = math.sqrt(max(C - 1, 1)) * _max_abs(r.ln_weight) + _max_abs(r.ln_bias)
+        if r is not None and r.project_hidden is not None:  # (H, C), then + bias
+            x *= float(r.project_hidden.float().abs().sum(dim=1).max())
+            x += 0.0 if r.project_hidden_bias is None else _max_abs(r.project_hidden_bias)
         return x
 
     def out_dim(self, compose: int) -> int:
-        """Columns of the rows ``compose`` returns: token-only has the table's width."""
-        return self.dim if compose == COMPOSE_TOKEN_ONLY else self.width
+        """Columns of the rows ``compose`` returns: token-only has the table's width, and
+        so have position-only rows added before ``project_hidden``."""
+        if compose == COMPOSE_TOKEN_ONLY or (compose == COMPOSE_POSITION_ONLY
+                                             and self.rules.position_width_is_dim):
+            return self.dim
+        return self.width
 
     def _scratch_rows(self, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         # Reused host buffer: its rows are copied out before the next batch runs, and a

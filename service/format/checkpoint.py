@@ -151,7 +151,8 @@ def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
     position_table = tensors.get("position_embedding")
     if m.position == "learned":
         offset = m.rules.position_offset  # OPT stores 2 rows before position 0
-        expected = (m.max_seq_len + offset, m.width)
+        expected = (m.max_seq_len + offset,
+                    m.dim if m.rules.position_width_is_dim else m.width)
         if position_table is None or tuple(position_table.shape) != expected:
             got = None if position_table is None else tuple(position_table.shape)
             raise CheckpointError(f"{EMBEDDINGS_FILE}: position_embedding shape {got}, "
@@ -163,11 +164,15 @@ def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
     if position_table is not None:
         check_finite(EMBEDDINGS_FILE, "position_embedding", position_table)
     rule_tensors = {}
+    shapes = _rule_shapes(m)
     for name in m.rules.tensors():
         t = tensors.get(name)
         if t is None:
             raise CheckpointError(f"{EMBEDDINGS_FILE}: no {name} for rules "
                                   f"{m.rules.names()}")
+        if tuple(t.shape) != shapes[name]:
+            raise CheckpointError(f"{EMBEDDINGS_FILE}: {name} shape {tuple(t.shape)}, the "
+                                  f"manifest's sizes and rules say {shapes[name]}")
         rule_tensors[name] = t
     row_updates = None
     if ROW_UPDATES_FILE in m.files:
@@ -177,6 +182,15 @@ def read_checkpoint(version_dir: Path, verify: bool = True) -> Checkpoint:
             raise CheckpointError(f"{ROW_UPDATES_FILE}: token_row_updates must be [table_rows]")
     return Checkpoint(version_dir, manifest, checkpoint_id, token_table, position_table,
                       row_updates, rule_tensors, token_max_abs)
+
+
+def _rule_shapes(m: Manifest) -> dict[str, tuple[int, ...]]:
+    """The shape each rule tensor must have: rows added before ``project_hidden`` have
+    the token rows' width (dim), the others the hidden size (``m.width``)."""
+    summed = m.dim if m.rules.position_width_is_dim else m.width
+    return {"project_in_weight": (m.width, m.dim), "token_type_embedding": (1, summed),
+            "layernorm_weight": (summed,), "layernorm_bias": (summed,),
+            "project_hidden_weight": (m.width, m.dim), "project_hidden_bias": (m.width,)}
 
 
 def list_versions(model_dir: Path) -> list[int]:

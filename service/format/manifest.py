@@ -100,8 +100,13 @@ class Manifest:
                     family=str(d.get("family", "")),
                     rules=Rules.from_dict(d.get("rules") or {}),
                     hidden_size=int(d.get("hidden_size", 0)))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{where}: invalid manifest ({type(e).__name__}: {e})") from e
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} "
+                                  f"column {e.colno})") from None
+        except KeyError as e:
+            raise CheckpointError(f"{where}: invalid manifest (no field {e})") from None
+        except (ValueError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{where}: invalid manifest ({e})") from None
         if m.format != FORMAT:
             raise CheckpointError(f"{where}: format {m.format!r}, expected {FORMAT!r}")
         if m.position not in POSITION_KINDS:
@@ -114,9 +119,9 @@ class Manifest:
         if m.dtype not in TABLE_DTYPE_NAMES:
             raise CheckpointError(f"{where}: dtype {m.dtype!r} not supported")
         if m.hidden_size < 0 or (m.hidden_size and m.hidden_size != m.dim
-                                 and not m.rules.project_in):
+                                 and not (m.rules.project_in or m.rules.project_hidden)):
             raise CheckpointError(f"{where}: hidden_size {m.hidden_size} differs from dim "
-                                  f"{m.dim} without the project_in rule")
+                                  f"{m.dim} without a project_in or project_hidden rule")
         names = [EMBEDDINGS_FILE] + ([] if m.tokenizer is None else [m.tokenizer.file])
         for name in names:
             if name not in m.files:

@@ -91,7 +91,8 @@ def write_checkpoint(
     if (position == "learned") != (position_table is not None):
         raise ValueError("position_table is required exactly when position == 'learned'")
     rules = rules or Rules()
-    want = (max_seq_len + rules.position_offset, hidden_size or dim)
+    want = (max_seq_len + rules.position_offset,
+            dim if rules.position_width_is_dim else hidden_size or dim)
     if position_table is not None and tuple(position_table.shape) != want:
         raise ValueError(f"position_table shape {tuple(position_table.shape)} != {want}")
     if sorted(rule_tensors or {}) != sorted(rules.tensors()):

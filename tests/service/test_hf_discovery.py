@@ -2,8 +2,12 @@
 own transformers code run on probes decides the rule) and served by a real server, equal
 transformers bit for bit: the default compose ``hidden_states[0]`` (with position
 offsets), COMPOSE_TOKEN_ONLY ``get_input_embeddings()(ids)``, in fp32 and in bf16, and
-text ids equal AutoTokenizer's. Discovery on the eleven hand-written families agrees with
-their entries; a family outside the rule vocabulary is refused and nothing is written."""
+text ids equal AutoTokenizer's. Among them: MPT, whose config states its context length
+as max_seq_len (read without --max-seq-len); ALBERT, ELECTRA, ConvBERT and RoFormer,
+whose embedding is projected to the hidden size after its LayerNorm; ConvBERT and
+SqueezeBERT, which add the token-type row after the position rows. Discovery on the
+eleven hand-written families agrees with their entries; a family outside the rule
+vocabulary is refused and nothing is written."""
 
 from __future__ import annotations
 
@@ -37,7 +41,11 @@ from training.importers import main as import_main
 from training.importers.source import SafetensorsDir
 
 IDS = [5, 17, 0, 95, 42, 42, 7, 63, 1, 88, 30]  # T=11: id 0, the last row, a repeat
-LEARNED = {"gpt_neo", "gpt_bigcode", "biogpt"}
+LEARNED = {"gpt_neo", "gpt_bigcode", "biogpt", "albert", "electra", "convbert", "squeezebert"}
+_ENCODER_RULES = {"token_type": True, "layernorm": {"eps": 1e-12}}
+_PROJECTED = {**_ENCODER_RULES, "project_hidden": True}
+# The projected encoders: token rows of width 8 (embedding_size), hidden_states[0] HIDDEN.
+EMBEDDING_SIZE = {"albert": 8, "electra": 8, "convbert": 8, "roformer": 8}
 TEXTS = ["The cat walks to the garden.", "a dog  sleeps\nin the house", "x", "café?"]
 # What discovery must find (manifest rules, position kind) for each family.
 EXPECTED = {
@@ -50,6 +58,11 @@ EXPECTED = {
     "gpt_neo": ({}, "learned"), "gpt_bigcode": ({}, "learned"),
     "biogpt": ({"position_offset": 2, "embed_scale": HIDDEN ** 0.5,
                 "embed_scale_float": True}, "learned"),
+    "mpt": ({}, "none"),
+    "albert": (_PROJECTED, "learned"), "electra": (_PROJECTED, "learned"),
+    "convbert": ({**_PROJECTED, "token_type_last": True}, "learned"),
+    "roformer": (_PROJECTED, "none"),
+    "squeezebert": ({**_ENCODER_RULES, "token_type_last": True}, "learned"),
 }
 
 
@@ -137,6 +150,9 @@ def test_manifest_rule_and_evidence(found: tuple[ServerHandle, dict[str, Any], P
         assert (manifest.get("rules") or {}, manifest["position"]) == (rules, position)
         assert manifest["family"] == name
         assert manifest["dtype"] == stored
+        assert manifest["max_seq_len"] == MAX_POS  # from the config, whatever its key
+        dim = EMBEDDING_SIZE.get(name, HIDDEN)
+        assert (manifest["dim"], manifest.get("hidden_size", dim)) == (dim, HIDDEN)
         evidence = manifest["provenance"]["discovery"]
         assert evidence["max_difference"] == 0.0
         assert evidence["stored_dtype"] == stored
@@ -201,15 +217,37 @@ def test_discovery_agrees_with_hand_written(tmp_path: Path, name: str) -> None:
 
 def test_outside_the_vocabulary_is_refused(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    """ELECTRA with embedding_size < hidden_size: LayerNorm, then a projection with a
-    bias. Neither is a rule the server applies: refused, nothing written."""
-    src = save(build("electra"), tmp_path / "src")
+    """MobileBERT normalises with a NoNorm (w * x + b, no statistics): not a rule the
+    server applies; refused in one line, nothing written."""
+    src = save(build("mobilebert"), tmp_path / "src")
     out = tmp_path / "m" / "1"
+    capsys.readouterr()
     assert import_main(["hf", str(src), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "hidden_states[0] is computed from embeddings_project.bias, " \
-           "embeddings_project.weight of a Linear, which is none of the rules" in err
+    assert err.count("\n") == 1
+    assert "hidden_states[0] is computed from embeddings.LayerNorm.bias, " \
+           "embeddings.LayerNorm.weight of a NoNorm, which is none of the rules" in err
     assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("name", list(EMBEDDING_SIZE))
+def test_projected_encoder_widths(found: tuple[ServerHandle, dict[str, Any], Path],
+                                  name: str) -> None:
+    """Token-only rows and position-only rows have the embedding's width (they are the
+    tables' rows, before the projection); the default compose the hidden size."""
+    handle, built, _ = found
+    model = built[name]
+    ids = IDS[:6]
+    assert _embed(handle, name, ids).shape == (6, HIDDEN)
+    assert _embed(handle, name, ids, compose="token").shape == (6, EMBEDDING_SIZE[name])
+    if name in LEARNED:
+        table = model.get_submodule(
+            "albert.embeddings" if name == "albert" else "embeddings").position_embeddings
+        got = _embed(handle, name, ids, start_position=5, compose="position")
+        assert torch.equal(got, table.weight.detach()[5:11])
+    with EmbeddingClient(handle.target) as c:
+        info = c.model_info(name)
+    assert (info.dim, info.hidden_size) == (EMBEDDING_SIZE[name], HIDDEN)
 
 
 def test_mismatch_is_refused_with_the_difference(tmp_path: Path,

@@ -143,8 +143,8 @@ def test_importer_names_the_file_with_bad_json(tmp_path: Path, name: str,
         path.write_bytes(content)
     else:
         path.write_text(content)
-    line = refusal("training.importers", "hf", str(src), "--out", str(tmp_path / "out"),
-                   cwd=tmp_path)
+    out = tmp_path / "models" / "m" / "1"
+    line = refusal("training.importers", "hf", str(src), "--out", str(out), cwd=tmp_path)
     assert line.startswith(f"error: {path}: {expected}"), line
 
 

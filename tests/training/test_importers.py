@@ -137,12 +137,12 @@ def test_hf_gpt2_dtype_cast(gpt2_model: tuple[Path, Any], tmp_path: Path) -> Non
 def test_name_map_check_writes_nothing(gpt2_lm_model: tuple[Path, Any], tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     src, _ = gpt2_lm_model
-    out = tmp_path / "x" / "1"
-    assert main(["hf-gpt2", str(src), "--out", str(out), "--name-map-check"]) == 0
+    before = sorted(tmp_path.iterdir())
+    assert main(["hf-gpt2", str(src), "--name-map-check"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "transformer.wte.weight -> token_embedding [50257, 8] float32",
         "transformer.wpe.weight -> position_embedding [64, 8] float32"]
-    assert not out.parent.exists()
+    assert sorted(tmp_path.iterdir()) == before
 
 
 def _fake_hf_dir(path: Path, tensors: dict[str, torch.Tensor], vocab_size: int = GPT2_VOCAB,
@@ -210,10 +210,13 @@ def test_existing_version_refused(gpt2_model: tuple[Path, Any], tmp_path: Path,
     src, _ = gpt2_model
     out = tmp_path / "m" / "1"
     out.mkdir(parents=True)
-    assert main(["hf-gpt2", str(src), "--out", str(out)]) == 2
-    assert "versions are immutable" in capsys.readouterr().err
-    assert main(["hf-gpt2", str(src), "--out", str(tmp_path / "m" / "latest")]) == 2
-    assert "version a positive integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["hf-gpt2", str(src), "--out", str(out)])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        f"python -m training.importers hf-gpt2: error: --out {out}: exists; versions are "
+        f"immutable, name a new version (see --help)\n")
+    assert list(out.iterdir()) == []
 
 
 def test_module_entry_point(gpt2_model: tuple[Path, Any]) -> None:
@@ -262,9 +265,15 @@ def test_hf_llama_bad_special_tokens(tmp_path: Path, capsys: pytest.CaptureFixtu
     transformers.LlamaConfig(vocab_size=GPT2_VOCAB, hidden_size=8,
                               num_attention_heads=2).save_pretrained(src)
     save_file({"embed_tokens.weight": torch.zeros(GPT2_VOCAB, 8)}, str(src / "model.safetensors"))
-    assert main(["hf-llama", str(src), "--out", str(tmp_path / "m" / "1"), "--tokenizer",
-                 str(default_ranks_path()), "--special-tokens", "[1, 2]"]) == 2
-    assert "--special-tokens: need a JSON object" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["hf-llama", str(src), "--out", str(tmp_path / "m" / "1"), "--tokenizer",
+              str(default_ranks_path()), "--special-tokens", "[1, 2]"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m training.importers hf-llama: error: --special-tokens '[1, 2]': accepts a "
+        "JSON object of token -> id (id >= 0), or a file holding one; only with --tokenizer "
+        "(see --help)\n")
+    assert not (tmp_path / "m").exists()
 
 
 # --- nanoGPT -----------------------------------------------------------------------------
@@ -315,7 +324,11 @@ def test_nanogpt_refuses_pickled_objects(tmp_path: Path,
     path = tmp_path / "evil.pt"
     torch.save({"model": {}, "model_args": {}, "payload": _NotAllowed()}, path)
     assert main(["nanogpt", str(path), "--out", str(tmp_path / "m" / "1")]) == 2
-    assert "cannot load with weights_only=True" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"error: {path}: holds Python objects besides tensors and plain containers "
+        f"(tests.training.test_importers._NotAllowed): refused; a checkpoint is read as "
+        f"data, never as code\n")
+    assert not (tmp_path / "m").exists()
 
 
 def test_nanogpt_shape_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -326,3 +339,173 @@ def test_nanogpt_shape_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(["nanogpt", str(path), "--out", str(tmp_path / "m" / "1")]) == 2
     assert ("transformer.wpe.weight has shape (16, 8), expected (32, 8) = "
             "[block_size, n_embd] from model_args") in capsys.readouterr().err
+
+
+# --- options: every one checked when parsed -----------------------------------------------
+
+def _cases(tmp: Path) -> dict[str, list[tuple[list[str], str]]]:
+    """Per option (its dest): argv fragments that cannot work, and what the one line says.
+    Every option of every subcommand must have at least one (test_every_option_has_a_rule)."""
+    a_file = tmp / "ranks.tiktoken"
+    a_file.write_text("")
+    out = str(tmp / "models" / "m" / "1")
+    return {
+        "dir": [([str(tmp / "missing")], f"DIR {tmp / 'missing'}: not a directory; accepts "
+                                        f"an existing directory")],
+        "ckpt": [([str(tmp / "missing.pt")], f"CKPT {tmp / 'missing.pt'}: not a file; "
+                                             f"accepts an existing file")],
+        "out": [(["--out", str(tmp / "models" / "m" / "01")], "argument --out: '"),
+                (["--out", "1"], "argument --out: '1': accepts models/<name>/<version>"),
+                (["--out", str(tmp / "models" / "m" / "latest")], "argument --out: '"),
+                (["--out", str(tmp / "existing" / "m" / "1")], "--out "
+                 f"{tmp / 'existing' / 'm' / '1'}: exists; versions are immutable"),
+                (["--out", str(a_file / "m" / "1")], f"--out {a_file / 'm' / '1'}: cannot "
+                 f"be created: {a_file} is not a directory")],
+        "dtype": [(["--out", out, "--dtype", "float64"], "argument --dtype: invalid choice"),
+                  (["--name-map-check", "--dtype", "float16"],
+                   "--name-map-check writes nothing: --dtype would not be used")],
+        "name_map_check": [(["--name-map-check", "--out", out],
+                            "--name-map-check writes nothing: --out would not be used"),
+                           ([], "--out models/<name>/<version> is required (or "
+                                "--name-map-check)")],
+        "tokenizer": [(["--out", out, "--tokenizer", str(tmp / "none.tiktoken")],
+                       f"--tokenizer {tmp / 'none.tiktoken'}: not a file"),
+                      (["--name-map-check", "--tokenizer", str(a_file)],
+                       "--name-map-check writes nothing: --tokenizer would not be used")],
+        "no_tokenizer": [(["--out", out, "--no-tokenizer", "--tokenizer", str(a_file)],
+                          "--no-tokenizer imports ids-only: --tokenizer would not be used"),
+                         (["--name-map-check", "--no-tokenizer"],
+                          "--name-map-check writes nothing: --no-tokenizer would not")],
+        "max_seq_len": [(["--out", out, "--max-seq-len", v],
+                         f"argument --max-seq-len: '{v}': accepts an integer from 1 to "
+                         f"2147483647") for v in ("0", "-5", "x", "2147483648")],
+        "pat_str": [(["--out", out, "--pat-str", r"\w+"],
+                     "--pat-str: a regular expression; only with --tokenizer"),
+                    (["--out", out, "--tokenizer", str(a_file), "--pat-str", "(["],
+                     "argument --pat-str: '([' is not a regular expression")],
+        "special_tokens": [(["--out", out, "--special-tokens", "{}"],
+                            "--special-tokens: a JSON object of token -> id (id >= 0), or a "
+                            "file holding one; only with --tokenizer"),
+                           *[(["--out", out, "--tokenizer", str(a_file), "--special-tokens",
+                               v], f"--special-tokens {v!r}: accepts a JSON object")
+                             for v in ('{"<s>": -1}', '{"<s>": true}', "[1]",
+                                       str(tmp / "missing.json"))]],
+        "encoding": [(["--out", out, "--tokenizer", str(a_file), "--encoding", "my enc"],
+                      "argument --encoding: 'my enc': accepts a name of letters, digits"),
+                     (["--out", out, "--encoding", "gpt2"],
+                      "--encoding: a name of letters, digits, '_', '-' or '.'; only with "
+                      "--tokenizer")],
+        "discover": [(["--out", out, "--discover=yes"],
+                      "argument --discover: ignored explicit argument 'yes'")],
+    }
+
+
+def _subcommands() -> dict[str, Any]:
+    import argparse
+
+    from training.importers.options import build_parser
+
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    raise AssertionError("no subcommands")
+
+
+def test_every_option_has_a_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Walks the parser's own options: each has a rule in options.RULES and cases here,
+    and each case is exit 2 with one line naming the option, before any file is read."""
+    from training.importers import cli
+    from training.importers.options import RULES
+
+    def no_work(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("work started before the options were checked")
+    monkeypatch.setattr(cli, "load_hf", no_work)
+    monkeypatch.setattr(cli, "load_nanogpt", no_work)
+    cases = _cases(tmp_path)
+    (tmp_path / "existing" / "m" / "1").mkdir(parents=True)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "ckpt.pt").write_bytes(b"")
+    checked = 0
+    for command, sub in _subcommands().items():
+        source = str(tmp_path / ("ckpt.pt" if command == "nanogpt" else "src"))
+        for action in sub._actions:
+            if action.dest == "help":
+                continue
+            assert action.dest in RULES, f"{command} {action.dest}: no rule in options.RULES"
+            assert action.dest in cases, f"{command} {action.dest}: no case in this test"
+            for fragment, expected in cases[action.dest]:
+                if action.dest in ("dir", "ckpt"):
+                    argv = [command, *fragment, "--out", str(tmp_path / "models" / "m" / "1")]
+                else:
+                    argv = [command, source, *fragment]
+                with pytest.raises(SystemExit) as exc:
+                    main(argv)
+                err = capsys.readouterr().err
+                assert exc.value.code == 2, argv
+                assert err.startswith(f"python -m training.importers {command}: error: "
+                                      f"{expected}"), (argv, err)
+                assert err.endswith(" (see --help)\n"), err
+                assert err.count("\n") == 1, err
+                checked += 1
+    assert checked >= 60
+
+
+def test_valid_options_reach_the_import(tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same checks let a sensible command line through (the walk above is not a
+    parser that refuses everything)."""
+    from training.importers import cli
+
+    seen: list[Any] = []
+
+    def load_hf(*args: Any, **kwargs: Any) -> Any:
+        seen.append(args)
+        raise KeyboardInterrupt  # stop here: the options were all accepted
+    monkeypatch.setattr(cli, "load_hf", load_hf)
+    (tmp_path / "src").mkdir()
+    ranks = tmp_path / "ranks.tiktoken"
+    ranks.write_text("")
+    special = tmp_path / "special.json"
+    special.write_text('{"<|end|>": 7}')
+    assert main(["hf", str(tmp_path / "src"), "--out", str(tmp_path / "new" / "m" / "3"),
+                 "--tokenizer", str(ranks), "--pat-str", r"\p{L}+", "--special-tokens",
+                 str(special), "--encoding", "my-enc.1", "--max-seq-len", "8",
+                 "--dtype", "bfloat16", "--discover"]) == 130
+    assert seen == [(tmp_path / "src", 8, None)]
+
+
+def test_internal_error_is_one_line_and_a_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from training.importers import cli
+
+    def bug(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug\n  File \"x.py\", line 3\n    y = x[0]")
+    monkeypatch.setattr(cli, "load_hf", bug)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    (tmp_path / "src").mkdir()
+    assert main(["hf", str(tmp_path / "src"), "--out", str(tmp_path / "m" / "1")]) == 1
+    err = capsys.readouterr().err
+    [log] = list(tmp_path.glob("training-importers-*.log"))
+    assert err == (f"error: internal error (RuntimeError); nothing written; traceback in "
+                   f"{log}\n")
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text
+    assert 'RuntimeError: a bug\n  File "x.py", line 3' in text
+    assert not (tmp_path / "m").exists()
+
+
+def test_writes_exactly_the_version_named(gpt2_model: tuple[Path, Any], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The version directory named by --out (its missing parents made, nothing else), and
+    the one line on stdout names it."""
+    src, _ = gpt2_model
+    out = tmp_path / "repo" / "gpt2" / "1"
+    assert main(["hf-gpt2", str(src), "--out", str(out)]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"wrote {out}: family=gpt2 rules='none' vocab_size=50257 ")
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert written == ["repo", "repo/gpt2", "repo/gpt2/1", "repo/gpt2/1/embeddings.safetensors",
+                       "repo/gpt2/1/manifest.json", "repo/gpt2/1/tokenizer.tiktoken"]

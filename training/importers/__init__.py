@@ -5,7 +5,7 @@ position table, LayerNorm, projection or token-type row where the family has one
 an explicit name map, checks their shapes against the source's own config, and writes a
 version with ``service.format.checkpoint.write_checkpoint`` (atomic, hashed). Sources are
 read without unpickling: safetensors for Hugging Face, ``torch.load(weights_only=True)``
-for nanoGPT's ``ckpt.pt``.
+for nanoGPT's ``ckpt.pt``; nothing from a model directory is ever imported or run.
 
     source.py          reading safetensors directories, name resolution, shape checks
     families.py        the hand-written HF model types: names, config keys, rules
@@ -16,6 +16,9 @@ for nanoGPT's ``ckpt.pt``.
     tokenizer_json.py  tokenizer.json + tokenizer_config.json -> what AutoTokenizer builds
     spm_tokenizer.py   a SentencePiece tokenizer.model, converted by transformers
     nanogpt.py         nanoGPT's ckpt.pt
+    untrusted.py       a model directory is data: code it names is refused, transformers
+                       is called offline with remote code refused and no standard input
+    options.py         the options, each checked before any work
     cli.py             the command line and the writer
 """
 

@@ -2,9 +2,10 @@
 are computed from, and the constants a scale may be.
 
 Each parameter besides the token table gets its role from its module (an ``nn.Embedding``
-is a position table at offsets 0..4 or a token-type table; an ``nn.LayerNorm`` with a
-bias the LayerNorm after the sum; an ``nn.Linear`` without one the input projection);
-anything else is refused here. Scales are estimated from the fp32 outputs. Which
+is a position table at offsets 0..4 or a token-type table, added before or after the
+positions; an ``nn.LayerNorm`` with a bias the LayerNorm after the sums; an ``nn.Linear``
+without one the input projection, with one the projection to the hidden size after the
+LayerNorm); anything else is refused here. Scales are estimated from the fp32 outputs. Which
 candidate is right is decided by ``discovery``, bit for bit, never here.
 """
 
@@ -35,6 +36,7 @@ class Candidate:
     token_type: str | None = None
     project_in: str | None = None
     layernorm: tuple[str, str] | None = None  # (weight, bias)
+    project_hidden: tuple[str, str] | None = None  # (weight, bias)
 
     def describe(self) -> str:
         """For messages."""
@@ -70,7 +72,7 @@ def scales(reference: torch.Tensor, base: torch.Tensor, config: Any) -> list[flo
 def candidates(ref: Reference, extra: Sequence[str], embed_scales: list[float | None],
                 input_scales: list[float | None]) -> Iterator[Candidate]:
     """Every assignment of the extra parameters to the vocabulary's roles."""
-    embeddings, layernorm, project = [], None, None
+    embeddings, layernorm, project, hidden = [], None, None, None
     modules: dict[str, list[str]] = {}
     for name in extra:
         modules.setdefault(name.rpartition(".")[0], []).append(name)
@@ -82,12 +84,14 @@ def candidates(ref: Reference, extra: Sequence[str], embed_scales: list[float | 
             layernorm = (f"{module_name}.weight", f"{module_name}.bias", module.eps)
         elif isinstance(module, torch.nn.Linear) and module.bias is None:
             project = f"{module_name}.weight"
+        elif isinstance(module, torch.nn.Linear) and hidden is None:
+            hidden = (f"{module_name}.weight", f"{module_name}.bias")
         else:
             raise ImporterError(
                 f"hidden_states[0] is computed from {', '.join(sorted(names))} of a "
                 f"{type(module).__name__}, which is none of the rules the server applies "
                 f"(gather, scale, learned positions, token-type row, LayerNorm, input "
-                f"projection)")
+                f"projection, projection to the hidden size)")
     if len(embeddings) > 2:
         raise ImporterError(f"hidden_states[0] adds {len(embeddings)} embedding tables "
                             f"({', '.join(embeddings)}): the server adds at most a position "
@@ -99,17 +103,24 @@ def candidates(ref: Reference, extra: Sequence[str], embed_scales: list[float | 
         roles = [(embeddings[0], None), (None, embeddings[0])]
     else:
         roles = [(embeddings[0], embeddings[1]), (embeddings[1], embeddings[0])]
+    if project is not None and hidden is not None:
+        raise ImporterError(f"hidden_states[0] is computed through two projections "
+                            f"({project}, {hidden[0]}): the server applies at most one")
     for position, token_type in roles:
-        for offset in (_OFFSETS if position else [0]):
+        # BERT adds the token-type row first, ConvBERT the position rows: both round
+        # differently, so both orders are candidates where the model has both.
+        orders = (False, True) if position and token_type else (False,)
+        for offset, last in ((o, t) for o in (_OFFSETS if position else [0]) for t in orders):
             for embed_scale, as_float, input_scale in _scale_choices(embed_scales,
                                                                      input_scales):
                 rules = Rules(position_offset=offset, embed_scale=embed_scale,
                               embed_scale_float=as_float, input_scale=input_scale,
                               project_in=project is not None,
-                              token_type=token_type is not None,
-                              layernorm_eps=None if layernorm is None else layernorm[2])
+                              token_type=token_type is not None, token_type_last=last,
+                              layernorm_eps=None if layernorm is None else layernorm[2],
+                              project_hidden=hidden is not None)
                 yield Candidate(rules, position, token_type, project,
-                                None if layernorm is None else layernorm[:2])
+                                None if layernorm is None else layernorm[:2], hidden)
 
 
 def _scale_choices(embed_scales: list[float | None], input_scales: list[float | None]

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 import tempfile
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 
-from service.format.checkpoint import MANIFEST_FILE, Manifest
+from service.format.checkpoint import MANIFEST_FILE, Manifest, is_version_name
 from service.format.tokenizer import (
     GPT2_PAT_STR,
     GPT2_SPECIAL_TOKENS,
@@ -33,17 +32,19 @@ from service.format.tokenizer import (
 from service.format.writer import write_checkpoint
 from training.importers.hf import load_hf
 from training.importers.nanogpt import load_nanogpt
-from training.importers.source import ImporterError, SourceTables
+from training.importers.options import HF_COMMANDS, build_parser, parse
+from training.importers.source import ImporterError, SourceTables, reason
 from training.importers.spm_tokenizer import convert
 from training.importers.tokenizer_json import ResolvedTokenizer, resolve
 
 __all__ = ["LLAMA3_PAT_STR", "main", "write_imported"]
 
+_parser = build_parser  # the parser the deploy tests check manifests' args with
+
 # Llama 3's pre-tokenizer regex (its tiktoken-format tokenizer.model uses this split).
 LLAMA3_PAT_STR = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_HF_COMMANDS = {"hf": None, "hf-gpt2": "gpt2", "hf-llama": "llama"}  # alias -> model_type
 
 # What a version's tokenizer is: a tiktoken ranks file, a resolved tokenizer.json, or none.
 Choice = tuple[TokenizerSpec, Path] | ResolvedTokenizer | None
@@ -52,9 +53,9 @@ Choice = tuple[TokenizerSpec, Path] | ResolvedTokenizer | None
 def write_imported(out: Path, tables: SourceTables, tokenizer: Choice,
                    dtype: str = "keep") -> Manifest:
     """Check the table covers the tokenizer's ids, then write the version atomically."""
-    if not out.name.isdigit() or int(out.name) <= 0:
-        raise ImporterError(f"--out {out}: must be models/<name>/<version>, version a "
-                            f"positive integer")
+    if not is_version_name(out.name):
+        raise ImporterError(f"--out {out}: must be models/<name>/<version>, the version a "
+                            f"positive integer without leading zeros")
     table_rows = tables.token_table.shape[0]
     token_name = tables.names["token_embedding"]
     vocab_size = tables.vocab_size or table_rows  # ids the model itself accepts
@@ -78,7 +79,11 @@ def write_imported(out: Path, tables: SourceTables, tokenizer: Choice,
             provenance.update(tokenizer.provenance)
         elif tokenizer is not None:
             spec, path = tokenizer
-            n_vocab = load_tokenizer(spec, path).n_vocab
+            try:
+                n_vocab = load_tokenizer(spec, path).n_vocab
+            except (ValueError, OSError) as e:  # not a ranks file, or not the expected one
+                raise ImporterError(f"{path}: not a tiktoken ranks file this importer can "
+                                    f"read ({reason(e)})") from None
             if table_rows < n_vocab:
                 raise ImporterError(
                     f"{token_name}: {table_rows} rows < the tokenizer's n_vocab {n_vocab} "
@@ -98,14 +103,9 @@ def _tiktoken_choice(args: argparse.Namespace, family: str) -> tuple[TokenizerSp
     gpt2 = family in ("gpt2", "") and args.pat_str is None and args.special_tokens is None
     if gpt2:
         return gpt2_spec(sha256=""), Path(args.tokenizer)
-    special = args.special_tokens or ("{}" if family != "gpt2"
-                                      else json.dumps(GPT2_SPECIAL_TOKENS))
-    if Path(special).is_file():
-        special = Path(special).read_text()
-    try:
-        special_tokens = {str(k): int(v) for k, v in json.loads(special).items()}
-    except (ValueError, AttributeError) as e:
-        raise ImporterError(f"--special-tokens: need a JSON object of name -> id ({e})") from e
+    special_tokens = args.special_tokens  # parsed and checked by options.parse
+    if special_tokens is None:
+        special_tokens = dict(GPT2_SPECIAL_TOKENS) if family == "gpt2" else {}
     pat_str = args.pat_str or (GPT2_PAT_STR if family == "gpt2" else LLAMA3_PAT_STR)
     encoding = args.encoding or ("gpt2" if family == "gpt2" else "llama3")
     return (TokenizerSpec(file="tokenizer.tiktoken", encoding=encoding, pat_str=pat_str,
@@ -133,65 +133,56 @@ def _choose_tokenizer(args: argparse.Namespace, tables: SourceTables) -> Choice:
     return None
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training.importers", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    helps = {"hf": "a Hugging Face model directory (config.json + safetensors), any "
-                   "supported model_type",
-             "hf-gpt2": "alias of hf for model_type gpt2 (GPT-2 ranks if no tokenizer.json)",
-             "hf-llama": "alias of hf for model_type llama",
-             "nanogpt": "nanoGPT ckpt.pt (loaded with weights_only=True)"}
-    for name, help_ in helps.items():
-        s = sub.add_parser(name, help=help_)
-        s.add_argument("ckpt" if name == "nanogpt" else "dir", type=Path)
-        s.add_argument("--out", type=Path, help="models/<name>/<version> (required to write)")
-        s.add_argument("--dtype", choices=["keep", *_DTYPES], default="keep")
-        s.add_argument("--name-map-check", action="store_true",
-                       help="resolve names and check shapes, print the map, write nothing")
-        s.add_argument("--tokenizer", help=".tiktoken ranks file (default: DIR/tokenizer.json)")
-        if name == "nanogpt":
-            continue
-        s.add_argument("--no-tokenizer", action="store_true",
-                       help="import ids-only even when DIR has a tokenizer.json")
-        s.add_argument("--max-seq-len", type=int, help="context length where config.json "
-                       "states none (BLOOM); families without a position table only")
-        s.add_argument("--pat-str", help="pre-tokenizer regex of a --tokenizer .tiktoken")
-        s.add_argument("--special-tokens", help="JSON object (or file) of name -> id")
-        s.add_argument("--encoding", help="encoding name of a --tokenizer .tiktoken")
-        s.add_argument("--discover", action="store_true",
-                       help="find the rule by running the family's transformers code even "
-                            "for a hand-written family, and refuse unless both agree "
-                            "(model types without an entry are always discovered)")
-    return p
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status (2 with a message on a bad source)."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.out is None and not args.name_map_check:
-        parser.error("--out models/<name>/<version> is required (or --name-map-check)")
+    """CLI entry point; returns the exit status: 0, 2 with one line for a usage error or
+    a source that cannot be imported, 1 with one line and a log file for an internal
+    error."""
+    args = parse(argv, __doc__ or "")
     try:
-        if args.command in _HF_COMMANDS:
-            tables = load_hf(args.dir, args.max_seq_len, _HF_COMMANDS[args.command],
-                             discover=args.discover)
-        else:
-            tables = load_nanogpt(args.ckpt)
-        if args.name_map_check:
-            read = {"token_embedding": tables.token_table,
-                    "position_embedding": tables.position_table, **tables.rule_tensors}
-            for ours, src in tables.names.items():
-                t = read.get(ours)
-                if t is not None:
-                    dtype = str(t.dtype).removeprefix("torch.")
-                    print(f"{src} -> {ours} {list(t.shape)} {dtype}")
-            return 0
-        manifest = write_imported(args.out, tables, _choose_tokenizer(args, tables),
-                                  args.dtype)
-    except (ImporterError, SafetensorError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        return _run(args)
+    except ImporterError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file the user named cannot be read or written
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or reason(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing written", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: its traceback goes to a file, the terminal gets one line
+        log = _log_traceback()
+        print(f"error: internal error ({type(e).__name__}); nothing written; traceback in "
+              f"{log}", file=sys.stderr)
+        return 1
+
+
+def _log_traceback() -> str:
+    """Write the current exception's traceback to a new file; its path."""
+    fd, path = tempfile.mkstemp(prefix="training-importers-", suffix=".log")
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(f"python -m training.importers {' '.join(sys.argv[1:])}\n")
+        traceback.print_exc(file=f)
+    return path
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command in HF_COMMANDS:
+        tables = load_hf(args.dir, args.max_seq_len, HF_COMMANDS[args.command],
+                         discover=args.discover)
+    else:
+        tables = load_nanogpt(args.ckpt)
+    if args.name_map_check:
+        read = {"token_embedding": tables.token_table,
+                "position_embedding": tables.position_table, **tables.rule_tensors}
+        for ours, src in tables.names.items():
+            t = read.get(ours)
+            if t is not None:
+                dtype = str(t.dtype).removeprefix("torch.")
+                print(f"{src} -> {ours} {list(t.shape)} {dtype}")
+        return 0
+    manifest = write_imported(args.out, tables, _choose_tokenizer(args, tables),
+                              args.dtype or "keep")
     checkpoint_id = hashlib.sha256((args.out / MANIFEST_FILE).read_bytes()).hexdigest()
     tokenizer = "none (ids-only)" if manifest.tokenizer is None else (
         f"{manifest.tokenizer.kind}:{manifest.tokenizer.file}")

@@ -24,8 +24,16 @@ import torch
 
 from service.engine.rules import RuleTables
 from training.importers.candidates import Candidate, candidates, scales
-from training.importers.reference import Probe, Reference, load_transformers
-from training.importers.source import ImporterError, SafetensorsDir, SourceTables
+from training.importers.reference import Probe, Reference
+from training.importers.source import (
+    CONTEXT_KEYS,
+    ImporterError,
+    SafetensorsDir,
+    SourceTables,
+    context_length,
+    reason,
+)
+from training.importers.untrusted import guarded
 
 __all__ = ["discover", "probes_for"]
 
@@ -101,6 +109,9 @@ def _serve(ref: Reference, token_name: str, cand: Candidate, probe: Probe
     if cand.layernorm:
         tensors["layernorm_weight"] = ref.parameter(cand.layernorm[0])  # (C,)
         tensors["layernorm_bias"] = ref.parameter(cand.layernorm[1])  # (C,)
+    if cand.project_hidden:
+        tensors["project_hidden_weight"] = ref.parameter(cand.project_hidden[0])  # (H, C)
+        tensors["project_hidden_bias"] = ref.parameter(cand.project_hidden[1])  # (H,)
     rules = RuleTables(cand.rules, tensors, torch.device("cpu"), ref.dtype)
     table = ref.parameter(token_name)  # (V, dim)
     positions_table = None
@@ -125,7 +136,10 @@ def _evaluate(refs: Sequence[Reference], token_name: str, cand: Candidate,
     for ref in refs:
         dtype = str(ref.dtype).removeprefix("torch.")
         for probe, (hidden, token) in zip(probes, outputs[id(ref)]):
-            got_hidden, got_token = _serve(ref, token_name, cand, probe)
+            try:
+                got_hidden, got_token = _serve(ref, token_name, cand, probe)
+            except RuntimeError:  # the candidate's shapes do not fit: it cannot match
+                got_hidden, got_token = None, None
             worst.see(got_token, token, f"get_input_embeddings()(ids) in {dtype}, "
                                         f"{probe.label()}")
             worst.see(got_hidden, hidden, f"hidden_states[0] in {dtype}, {probe.label()}")
@@ -149,40 +163,50 @@ def _read(src: SafetensorsDir, prefix: str, ref: Reference, needed: Sequence[str
     return out
 
 
-def _max_seq_len(ref: Reference, cand: Candidate, flag: int | None) -> int:
+def _context(ref: Reference, src: SafetensorsDir) -> tuple[str, int] | None:
+    """The context length the config states, under any of the names families use: the
+    text config first (transformers maps its own aliases), then config.json's text."""
+    text = src.config.get("text_config")
+    return context_length(ref.text_config, *([text] if isinstance(text, dict) else []),
+                          src.config)
+
+
+def _max_seq_len(ref: Reference, src: SafetensorsDir, cand: Candidate,
+                 flag: int | None) -> int:
     if cand.position:
         if flag is not None:
             raise ImporterError("--max-seq-len: this model has a learned position table; "
                                 "max_seq_len is its row count")
         return ref.parameter(cand.position).shape[0] - cand.rules.position_offset
     if flag is not None:
-        if flag <= 0:
-            raise ImporterError(f"--max-seq-len {flag}: must be positive")
         return flag
-    found = getattr(ref.text_config, "max_position_embeddings", None)
-    if not isinstance(found, int) or found <= 0:
-        raise ImporterError("config.json states no context length "
-                            "(max_position_embeddings); pass --max-seq-len")
-    return found
+    found = _context(ref, src)
+    if found is None:
+        raise ImporterError(f"{src.dir / 'config.json'}: states no context length (none of "
+                            f"{', '.join(CONTEXT_KEYS)}); pass --max-seq-len")
+    return found[1]
 
 
 def discover(src: SafetensorsDir, max_seq_len: int | None = None) -> SourceTables:
     """The tables and the one rule that reproduce the family's own embeddings bit for bit
     (ImporterError, with what did not match, when no rule of the vocabulary does)."""
-    tf = load_transformers()
+    with guarded() as tf:
+        return _discover(src, tf, max_seq_len)
+
+
+def _discover(src: SafetensorsDir, tf: Any, max_seq_len: int | None) -> SourceTables:
     ref32 = Reference(src, torch.float32)
     text = ref32.text_config
     token_name = ref32.token_table_name()
     prefix = _prefix(list(ref32.model.state_dict()), token_name, list(src.weight_map))
     vocab = int(text.vocab_size)
-    max_pos = getattr(text, "max_position_embeddings", None)
-    probes = probes_for(vocab, max_pos if isinstance(max_pos, int) else None,
-                        ref32.takes_positions)
+    found = _context(ref32, src)
+    probes = probes_for(vocab, None if found is None else found[1], ref32.takes_positions)
     try:
         hidden_src, token_src = ref32.sources(probes[0])
-    except (RuntimeError, ValueError, IndexError, TypeError) as e:
+    except Exception as e:  # the family's own code fails on ids alone: a refusal
         raise ImporterError(f"{src.dir}: the reference ({type(ref32.model).__name__}) "
-                            f"failed on a probe ({type(e).__name__}: {e})") from e
+                            f"failed on a probe ({reason(e)})") from None
     if token_src != {token_name} or token_name not in hidden_src:
         raise ImporterError(f"{src.dir}: get_input_embeddings()(ids) is computed from "
                             f"{sorted(token_src)} and hidden_states[0] from "
@@ -205,9 +229,9 @@ def discover(src: SafetensorsDir, max_seq_len: int | None = None) -> SourceTable
             ref.set(name, t, rows if name == token_name and ref.dtype != stored else None)
     try:
         outputs = {id(r): [r.run(p) for p in probes] for r in refs}
-    except (RuntimeError, ValueError, IndexError, TypeError) as e:
+    except Exception as e:  # the family's own code fails on ids alone: a refusal
         raise ImporterError(f"{src.dir}: the reference ({type(ref32.model).__name__}) "
-                            f"failed on the probes ({type(e).__name__}: {e})") from e
+                            f"failed on the probes ({reason(e)})") from None
     hidden0, token0 = outputs[id(ref32)][0]
     gathered = tensors[token_name][torch.tensor(probes[0].ids)].float()  # (T, dim)
     embed_scales: list[float | None] = [None]
@@ -222,7 +246,7 @@ def discover(src: SafetensorsDir, max_seq_len: int | None = None) -> SourceTable
         worst = _evaluate(refs, token_name, cand, probes, outputs)
         if not worst.where:
             return _tables(src, tf, refs, prefix, token_name, cand, tensors, probes,
-                           _max_seq_len(ref32, cand, max_seq_len))
+                           _max_seq_len(ref32, src, cand, max_seq_len))
         if best is None or worst.diff < best[0].diff:
             best = (worst, cand)
     assert best is not None
@@ -240,7 +264,9 @@ def _tables(src: SafetensorsDir, tf: Any, refs: Sequence[Reference], prefix: str
     ours = {"token_embedding": token_name, "position_embedding": cand.position,
             "token_type_embedding": cand.token_type, "project_in_weight": cand.project_in,
             "layernorm_weight": cand.layernorm[0] if cand.layernorm else None,
-            "layernorm_bias": cand.layernorm[1] if cand.layernorm else None}
+            "layernorm_bias": cand.layernorm[1] if cand.layernorm else None,
+            "project_hidden_weight": cand.project_hidden[0] if cand.project_hidden else None,
+            "project_hidden_bias": cand.project_hidden[1] if cand.project_hidden else None}
     names = {k: prefix + v for k, v in ours.items() if v is not None}
     rule_tensors = {k: tensors[v] for k, v in ours.items()
                     if v is not None and k in cand.rules.tensors()}
@@ -249,6 +275,8 @@ def _tables(src: SafetensorsDir, tf: Any, refs: Sequence[Reference], prefix: str
     hidden = 0
     if cand.project_in:
         hidden = int(tensors[cand.project_in].shape[0])
+    elif cand.project_hidden:
+        hidden = int(tensors[cand.project_hidden[0]].shape[0])
     provenance = src.provenance("hf")
     provenance["discovery"] = {
         "reference": f"{type(refs[0].model).__name__} (transformers {tf.__version__}), "

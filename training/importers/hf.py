@@ -15,13 +15,16 @@ from pathlib import Path
 from training.importers.discovery import discover as discover_tables
 from training.importers.families import FAMILIES, Family, supported
 from training.importers.source import (
+    CONTEXT_KEYS,
     ImporterError,
     SafetensorsDir,
     SourceTables,
     check_shape,
     config_int,
+    context_length,
     resolve_names,
 )
+from training.importers.untrusted import refuse_custom_code
 
 __all__ = ["family_of", "load_hf"]
 
@@ -38,27 +41,31 @@ def family_of(src: SafetensorsDir) -> Family:
 
 
 def _max_seq_len(family: Family, src: SafetensorsDir, flag: int | None) -> int:
-    """The context length: the position table's rows, else config, else --max-seq-len."""
+    """The context length: the position table's rows, else --max-seq-len, else config.json
+    under the family's own key or any name families use (``CONTEXT_KEYS``)."""
     if family.positions == "learned":
         if flag is not None:
             raise ImporterError(f"--max-seq-len: {family.model_type} has a learned position "
                                 f"table; max_seq_len is its row count from config.json")
         return config_int(src.config, family.max_seq_len_keys, "config.json")
     if flag is not None:
-        if flag <= 0:
-            raise ImporterError(f"--max-seq-len {flag}: must be positive")
         return flag
-    if not family.max_seq_len_keys:
-        raise ImporterError(f"config.json: {family.model_type} states no context length; "
-                            f"pass --max-seq-len (e.g. 2048 for BLOOM)")
-    return config_int(src.config, family.max_seq_len_keys, "config.json")
+    found = context_length({k: src.config.get(k) for k in family.max_seq_len_keys},
+                           src.config)
+    if found is None:
+        raise ImporterError(f"{src.dir / 'config.json'}: {family.model_type} states no "
+                            f"context length (none of {', '.join(CONTEXT_KEYS)}); pass "
+                            f"--max-seq-len (e.g. 2048 for BLOOM)")
+    return found[1]
 
 
 def load_hf(model_dir: Path, max_seq_len: int | None = None,
             expect: str | None = None, discover: bool = False) -> SourceTables:
     """Read the embedding tensors of an HF model (``expect``: the only model_type an alias
     such as ``hf-gpt2`` accepts): a hand-written family by its name map, any other by
-    discovery; ``discover``: discovery for a hand-written family too, cross-checked."""
+    discovery; ``discover``: discovery for a hand-written family too, cross-checked. A
+    directory that names code of its own is refused first: nothing in it is ever run."""
+    refuse_custom_code(model_dir)
     src = SafetensorsDir(model_dir)
     model_type = src.config.get("model_type")
     if expect is None and str(model_type) not in FAMILIES:

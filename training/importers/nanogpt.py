@@ -6,6 +6,9 @@ tensors and plain containers. nanoGPT's ``torch.compile`` prefix ``_orig_mod.`` 
 
 from __future__ import annotations
 
+import pickle
+import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from training.importers.source import (
     SourceTables,
     check_shape,
     config_int,
+    reason,
     resolve_names,
     sha256_file,
 )
@@ -39,9 +43,19 @@ def load_nanogpt(ckpt_path: Path) -> SourceTables:
     """wte/wpe from nanoGPT's ckpt.pt (weights_only load; torch.compile prefix stripped)."""
     where = str(ckpt_path)
     try:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except Exception as e:  # weights_only refuses anything but tensors and plain containers
-        raise ImporterError(f"{where}: cannot load with weights_only=True ({e})") from e
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # something besides tensors and plain containers
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f" ({found.group(1)})" if found else ""
+        raise ImporterError(f"{where}: holds Python objects besides tensors and plain "
+                            f"containers{what}: refused; a checkpoint is read as data, "
+                            f"never as code") from None
+    except Exception as e:  # not a torch.save archive, or a damaged one
+        detail = f" ({reason(e)})" if isinstance(e, RuntimeError) else ""
+        raise ImporterError(f"{where}: not a checkpoint torch.save wrote, or a damaged one"
+                            f"{detail}") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict):
         raise ImporterError(f"{where}: not a nanoGPT checkpoint (no 'model' state dict)")
     if not isinstance(ckpt.get("model_args"), dict):

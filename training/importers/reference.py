@@ -24,22 +24,16 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from training.importers.source import ImporterError, SafetensorsDir
+from training.importers.source import ImporterError, SafetensorsDir, reason
+from training.importers.untrusted import (
+    IMPORT_EXTRA,
+    SAFE_KWARGS,
+    guarded,
+    load_transformers,
+    refuse_custom_code,
+)
 
 __all__ = ["IMPORT_EXTRA", "Probe", "Reference", "TaintMode", "load_transformers"]
-
-IMPORT_EXTRA = "pip install -e '.[import]'"  # transformers + sentencepiece, as requirements-dev.txt
-
-
-def load_transformers() -> Any:
-    """The transformers module, or an ImporterError naming the extra that installs it."""
-    try:
-        import transformers
-    except ImportError as e:
-        raise ImporterError(f"discovering a family's embedding rules needs transformers, "
-                            f"which is not installed: {IMPORT_EXTRA} (the 'import' extra); "
-                            f"hand-written families import without it") from e
-    return transformers
 
 
 @dataclass(frozen=True)
@@ -101,11 +95,15 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def _cut_down(config: Any) -> Any:
-    """A copy of the text config with one layer (per-layer lists cut to match)."""
+    """A copy of the text config with one layer (per-layer lists cut to match); the whole
+    config where the family does not let its layer count be set (Funnel's blocks)."""
     cut = config.__class__.from_dict(config.to_dict())
     n = getattr(cut, "num_hidden_layers", None)
     if isinstance(n, int) and n > 1:
-        cut.num_hidden_layers = 1
+        try:
+            cut.num_hidden_layers = 1
+        except Exception:  # a computed count (Funnel: block_sizes): keep every layer
+            return config.__class__.from_dict(config.to_dict())
         for key, value in list(vars(cut).items()):
             if isinstance(value, list) and len(value) == n and key.endswith("layer_types"):
                 setattr(cut, key, value[:1])
@@ -116,25 +114,33 @@ class Reference:
     """The cut-down text model of one checkpoint, in one dtype."""
 
     def __init__(self, src: SafetensorsDir, dtype: torch.dtype) -> None:
-        tf = load_transformers()
-        from transformers.initialization import no_init_weights
+        refuse_custom_code(src.dir)  # before transformers reads any file of it
+        with guarded() as tf:
+            from transformers.initialization import no_init_weights
 
-        try:
-            config = tf.AutoConfig.from_pretrained(str(src.dir), local_files_only=True)
-        except (ValueError, KeyError, OSError) as e:
-            raise ImporterError(f"transformers {tf.__version__} cannot read this config "
-                                f"({type(e).__name__}: {str(e).splitlines()[0]})") from e
-        self.full_config = config
-        self.text_config = config.get_text_config(decoder=True)
-        self.dtype = dtype
-        cut = _cut_down(self.text_config)
-        try:
-            with no_init_weights(), _default_dtype(dtype):
-                self.model = tf.AutoModel.from_config(cut, dtype=dtype).eval()
-        except Exception as e:  # transformers raises many types for configs it rejects
-            raise ImporterError(f"{src.dir / 'config.json'}: transformers cannot build the "
-                                f"text model of model_type {self.text_config.model_type!r} "
-                                f"({type(e).__name__}: {e})") from e
+            try:
+                config = tf.AutoConfig.from_pretrained(str(src.dir), **SAFE_KWARGS)
+            except (ValueError, KeyError, OSError) as e:
+                if "trust_remote_code" in str(e):  # transformers found code it would run
+                    raise ImporterError(f"{src.dir / 'config.json'}: names code of its own: "
+                                        f"refused; files in a model directory are data and "
+                                        f"are never run") from None
+                raise ImporterError(f"{src.dir / 'config.json'}: transformers "
+                                    f"{tf.__version__} cannot read it ({reason(e)})") from None
+            self.full_config = config
+            self.text_config = config.get_text_config(decoder=True)
+            self.dtype = dtype
+            cut = _cut_down(self.text_config)
+            try:
+                with no_init_weights(), _default_dtype(dtype):
+                    self.model = tf.AutoModel.from_config(
+                        cut, dtype=dtype, trust_remote_code=False).eval()
+            except ImporterError:
+                raise
+            except Exception as e:  # transformers raises many types for configs it rejects
+                raise ImporterError(f"{src.dir / 'config.json'}: transformers cannot build "
+                                    f"the text model of model_type "
+                                    f"{self.text_config.model_type!r} ({reason(e)})") from None
         self.model.requires_grad_(False)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
         self._forward = inspect.signature(self.model.forward).parameters
@@ -146,8 +152,12 @@ class Reference:
 
     def token_table_name(self) -> str:
         """The name of ``get_input_embeddings().weight``."""
-        weight = self.model.get_input_embeddings().weight
-        return self.names[id(weight)]
+        try:
+            weight = self.model.get_input_embeddings().weight
+            return self.names[id(weight)]
+        except Exception as e:  # no input embeddings, or not a parameter of the model
+            raise ImporterError(f"{type(self.model).__name__}.get_input_embeddings() is not "
+                                f"a table of the model's parameters ({reason(e)})") from None
 
     def set(self, name: str, value: torch.Tensor, rows: Sequence[int] | None = None) -> None:
         """Write a checkpoint tensor into the parameter (``rows``: only those rows, the

@@ -7,26 +7,77 @@ safetensors files); ``SourceTables`` is what every importer hands the writer.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from service.format.rules import Rules
 from service.format.tensorfile import sha256_file  # re-exported: one file hash for the project
 
-__all__ = ["ImporterError", "SafetensorsDir", "SourceTables", "check_shape", "config_int",
-           "read_json_object", "resolve_names", "sha256_file"]
+__all__ = ["CONTEXT_KEYS", "ImporterError", "SafetensorsDir", "SourceTables", "check_shape",
+           "config_int", "context_length", "read_json_object", "reason", "resolve_names",
+           "sha256_file"]
 
+# The names transformers' families (and the checkpoints they load) give the context
+# length, first found wins: GPT-2 n_positions/n_ctx, MPT and DBRX max_seq_len, RWKV
+# context_length, ChatGLM seq_length, Kimi model_max_length, ...
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
+                "max_sequence_length", "max_seq_length", "seq_length", "context_length",
+                "model_max_length")
+_MAX_CONTEXT = (1 << 31) - 1  # above: a tokenizer's "no limit" sentinel, not a length
 # Pickled weight files: refused by name, never opened.
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
+# Sentences of library messages that never reach a user: advice to weaken a safety
+# setting (remote code, unpickling, verification). Matched case-insensitively.
+_WEAKENING = re.compile(
+    r"trust_remote_code|remote code|custom code|weights_only|pickl|allow_unsafe|unsafe"
+    r"|insecure|verify\s*=\s*false|disabl\w*[\s_-]+(ssl|verif|check)|no[-_]verify"
+    r"|trusted? (the )?source|can still be loaded",
+    re.IGNORECASE)
+
+
+_CONTROL = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
 class ImporterError(Exception):
     """A source that cannot be imported; the message names the file and tensor."""
+
+
+def reason(e: BaseException) -> str:
+    """A library's exception as a clause of our own one-line message: the whole sentences
+    of its first line that fit in 200 characters, without any that advise weakening a
+    safety setting (its type name where nothing is left)."""
+    text = _CONTROL.sub("", str(e))  # terminal colours and other control characters
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    sentences = re.split(r"(?<=[.!?])\s+", lines[0]) if lines else []
+    kept: list[str] = []
+    for sentence in sentences:
+        if _WEAKENING.search(sentence):
+            continue
+        if kept and len(" ".join([*kept, sentence])) > 200:
+            break
+        kept.append(sentence)
+    text = " ".join(kept) or type(e).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@contextmanager
+def _safetensors(path: Path) -> Iterator[Any]:
+    """``safe_open`` with a malformed or missing file as one ImporterError naming it."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            yield f
+    except (SafetensorError, OSError) as e:
+        raise ImporterError(f"{path}: cannot be read as safetensors "
+                            f"({reason(e)})") from None
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -100,6 +151,19 @@ def config_int(config: Mapping[str, Any], keys: Sequence[str], where: str) -> in
     raise ImporterError(f"{where}: no integer {' or '.join(keys)}")
 
 
+def context_length(*configs: Any) -> tuple[str, int] | None:
+    """(key, value) of the first of CONTEXT_KEYS stated as a positive integer, searching
+    each config in turn (a transformers config object, or a config.json dict)."""
+    for config in configs:
+        for key in CONTEXT_KEYS:
+            value = (config.get(key) if isinstance(config, Mapping)
+                     else getattr(config, key, None))
+            if (isinstance(value, int) and not isinstance(value, bool)
+                    and 0 < value <= _MAX_CONTEXT):
+                return key, value
+    return None
+
+
 class SafetensorsDir:
     """A Hugging Face save directory: config.json plus one or sharded safetensors files."""
 
@@ -111,13 +175,19 @@ class SafetensorsDir:
         self.config: dict[str, Any] = read_json_object(config_path)
         index = self.dir / "model.safetensors.index.json"
         if (self.dir / "model.safetensors").is_file():
-            with safe_open(str(self.dir / "model.safetensors"), framework="pt") as f:
+            with _safetensors(self.dir / "model.safetensors") as f:
                 self.weight_map = dict.fromkeys(f.keys(), "model.safetensors")
         elif index.is_file():
             weight_map = read_json_object(index).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ImporterError(f"{index}: no \"weight_map\" object")
             self.weight_map = {str(k): str(v) for k, v in weight_map.items()}
+            for name, shard in self.weight_map.items():
+                # a shard is a file of this directory: never a path that leaves it
+                if Path(shard).name != shard or shard in (".", ".."):
+                    raise ImporterError(f"{index}: weight_map[{json.dumps(name)}] is "
+                                        f"{json.dumps(shard)}: a shard must be a file name in "
+                                        f"{self.dir}, not a path")
         else:
             pickles = sorted(p.name for p in self.dir.iterdir()
                              if p.suffix in _PICKLE_SUFFIXES)
@@ -135,13 +205,13 @@ class SafetensorsDir:
 
     def shape(self, name: str) -> list[int]:
         """A tensor's shape, without reading its data."""
-        with safe_open(self.where(name), framework="pt") as f:
+        with _safetensors(Path(self.where(name))) as f:
             return list(f.get_slice(name).get_shape())
 
     def tensor(self, name: str) -> torch.Tensor:
         """A tensor's data (a fresh copy, not a view of the file)."""
         self.files_read.add(self.weight_map[name])
-        with safe_open(self.where(name), framework="pt") as f:
+        with _safetensors(Path(self.where(name))) as f:
             return f.get_tensor(name)
 
     def provenance(self, source: str) -> dict[str, Any]:

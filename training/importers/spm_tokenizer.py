@@ -18,9 +18,15 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from service.format.hf_tokenizer import HF_TOKENIZER_FILE
-from training.importers.reference import IMPORT_EXTRA
-from training.importers.source import ImporterError, sha256_file
+from training.importers.source import ImporterError, reason, sha256_file
 from training.importers.tokenizer_json import PROBE_TEXTS, ResolvedTokenizer, resolve
+from training.importers.untrusted import (
+    IMPORT_EXTRA,
+    SAFE_KWARGS,
+    guarded,
+    refuse_custom_code,
+    transformers_or_none,
+)
 
 __all__ = ["SPM_FILE", "convert"]
 
@@ -34,19 +40,20 @@ def convert(model_dir: Path, name: str) -> ResolvedTokenizer | None:
     source = model_dir / SPM_FILE
     if not source.is_file() or (model_dir / HF_TOKENIZER_FILE).is_file():
         return None
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as e:
+    if transformers_or_none() is None:
         raise ImporterError(f"{source}: converting a SentencePiece tokenizer needs "
                             f"transformers and sentencepiece: {IMPORT_EXTRA}; or pass "
-                            f"--no-tokenizer to import ids-only") from e
-    try:
-        auto = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    except Exception as e:  # transformers raises many types; the message says which
-        raise ImporterError(f"{source}: AutoTokenizer could not load it ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''}); "
-                            f"{IMPORT_EXTRA} installs sentencepiece, or pass "
-                            f"--no-tokenizer") from e
+                            f"--no-tokenizer to import ids-only")
+    refuse_custom_code(model_dir)  # before AutoTokenizer reads any file of it
+    with guarded() as tf:
+        try:
+            auto = tf.AutoTokenizer.from_pretrained(str(model_dir), **SAFE_KWARGS)
+        except ImporterError:
+            raise
+        except Exception as e:  # transformers raises many types; the reason says which
+            raise ImporterError(f"{source}: AutoTokenizer could not load it ({reason(e)}); "
+                                f"{IMPORT_EXTRA} installs sentencepiece, or pass "
+                                f"--no-tokenizer") from None
     backend = getattr(auto, "backend_tokenizer", None)
     if not isinstance(backend, Tokenizer):
         raise ImporterError(f"{source}: AutoTokenizer ({type(auto).__name__}) has no "

@@ -28,7 +28,13 @@ from tokenizers.processors import TemplateProcessing
 
 from service.format.hf_tokenizer import HF_TOKENIZER_FILE
 from service.format.tokenizer import TokenizerSpec
-from training.importers.source import ImporterError, read_json_object, sha256_file
+from training.importers.source import ImporterError, read_json_object, reason, sha256_file
+from training.importers.untrusted import (
+    SAFE_KWARGS,
+    guarded,
+    refuse_custom_code,
+    transformers_or_none,
+)
 
 __all__ = ["PROBE_TEXTS", "ResolvedTokenizer", "resolve"]
 
@@ -92,14 +98,16 @@ def _emulate(tok: Tokenizer, config: dict[str, Any]) -> None:
 def _auto_backend(model_dir: Path, candidate: Tokenizer) -> tuple[Tokenizer | None, str]:
     """AutoTokenizer's own backend if it encodes the probes differently (else None), and a
     note of what was compared. Skipped where transformers is not installed."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
+    if transformers_or_none() is None:
         return None, "transformers not installed: tokenizer_config.json emulated"
-    try:
-        auto = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    except Exception as e:  # a directory AutoTokenizer cannot load: the emulation stands
-        return None, f"AutoTokenizer could not load the directory ({type(e).__name__})"
+    refuse_custom_code(model_dir)  # before AutoTokenizer reads any file of it
+    with guarded() as tf:
+        try:
+            auto = tf.AutoTokenizer.from_pretrained(str(model_dir), **SAFE_KWARGS)
+        except ImporterError:
+            raise
+        except Exception as e:  # a directory AutoTokenizer cannot load: the emulation stands
+            return None, f"AutoTokenizer could not load the directory ({type(e).__name__})"
     for add in (True, False):
         for text in PROBE_TEXTS:
             want = auto(text, add_special_tokens=add)["input_ids"]
@@ -125,7 +133,7 @@ def resolve(model_dir: Path, name: str) -> ResolvedTokenizer | None:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises its own Exception type
         raise ImporterError(f"{path}: not a tokenizer.json the tokenizers library reads "
-                            f"({e})") from e
+                            f"({reason(e)})") from None
     config_path = model_dir / "tokenizer_config.json"
     config: dict[str, Any] = read_json_object(config_path) if config_path.is_file() else {}
     _emulate(tok, config)
