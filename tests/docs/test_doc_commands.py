@@ -41,6 +41,15 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/deploy.md", "prometheus --config.file="): "tests/deploy/test_deploy_prometheus.py "
     "runs Prometheus on this configuration",
     ("docs/deploy.md", "kubectl label namespace"): "needs a Kubernetes API server",
+    ("docs/deploy.md", "embedding-source=REGISTRY/gpt2-source"): "needs a Kubernetes API "
+    "server and a registry; make image-test runs the importer Job's pods "
+    "(tests/deploy/k8s_scenario.py)",
+    ("docs/deploy.md", "cd deploy/k8s/training && kustomize"): "needs the Training Operator "
+    "on a cluster; make image-test runs the PyTorchJob's pods (tests/deploy/k8s_scenario.py)",
+    ("docs/deploy.md", "cp -r v7/ /models/tiny/.incoming-7"): "a path on the pods' volume; "
+    "tests/service/test_copy_in.py copies versions in and out of a live server's repository",
+    ("docs/maintainers.md", "make image-test"): "builds Docker images as root for many "
+    "minutes; CI runs it after make test",
     ("docs/training.md", "NANOGPT_DIR=/work/nanogpt"): "needs a checkout of nanoGPT outside "
     "the project (never vendored) and minutes of both trainers on the machine",
     ("docs/importers.md", "~/bloom-560m"): "needs the named checkpoints; each form is "
@@ -56,17 +65,15 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/interop.md", "kubectl apply -k deploy/kserve"): "needs KServe on a cluster; "
     "tests/deploy/test_deploy_kserve.py validates and runs the runtime's arguments",
     ("docs/interop.md", "SERVICE_HOSTNAME="): "needs KServe on a cluster and grpcurl",
-    ("docs/performance.md", "make bench  "): "minutes of benchmarks; every path of them runs "
-    "in tests/bench/test_bench_smoke.py",
+    ("docs/performance.md", "make bench  "): "minutes of benchmarks, and gpu_wheels.sh reaches "
+    "PyPI; every path of the serving benchmarks runs in tests/bench/test_bench_smoke.py",
     ("docs/performance.md", "python -m bench.soak --clients 4"): "a 3-minute soak; its parts "
     "run in tests/bench/soak",
-    ("docs/performance.md", "--slow-readers 1"): "a 2-minute soak; its parts run in "
-    "tests/bench/soak",
     ("docs/service.md", "EMBED_OTLP_ENDPOINT=http://otel-collector"): "exports to a "
     "collector on the network; tests/service/test_tracing.py runs it against a local one",
     ("docs/training.md", "--rdzv-endpoint host0:29500"): "two machines",
     ("docs/training.md", "--preset anchor"): "minutes of training benchmarks; "
-    "tests/training/bench runs each preset at its smallest",
+    "tests/training/bench tests their timing and the nanogpt preset's parts",
 }
 
 
