@@ -28,12 +28,13 @@ import grpc
 import numpy as np
 
 from bench.harness.launch import MAX_MESSAGE_BYTES, cpu_seconds
+from bench.servers.naive import SERVICE_NAME, NaiveResponse, decode_naive
 from client.shm import SharedMemoryRegion, rows_from_region
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
 
-__all__ = ["DTYPE_ENUM", "Measurement", "Window", "grpc_load", "http_load",
-           "measure", "oip_request", "percentile"]
+__all__ = ["DTYPE_ENUM", "Measurement", "Window", "grpc_load", "http_load", "measure",
+           "percentile"]
 
 DTYPE_ENUM = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16,
               "bfloat16": pb.DTYPE_BFLOAT16}
@@ -99,13 +100,15 @@ async def measure(run: Callable[[Window], Coroutine[Any, Any, None]], warmup_s: 
 
 
 async def _closed_loops(window: Window, concurrency: int,
-                        one: Callable[[int], Awaitable[None]]) -> None:
-    """``concurrency`` coroutines, each calling ``one(i)`` back to back until the end."""
-    async def loop(i: int) -> None:
+                        one: Callable[[int, int], Awaitable[None]]) -> None:
+    """``concurrency`` coroutines, coroutine k calling ``one(k, i)`` back to back until the
+    end, i = k, k+1, ...: each one cycles through every request, from its own offset."""
+    async def loop(k: int) -> None:
+        i = k
         while (sent := time.perf_counter_ns()) < window.end:
-            await one(i)
+            await one(k, i)
             window.done(sent)
-            i += concurrency
+            i += 1
 
     async with asyncio.TaskGroup() as tg:
         for k in range(concurrency):
@@ -122,7 +125,7 @@ def _tensor(resp: pb.EmbedResponse) -> np.ndarray:
     return np.frombuffer(t.data, dtype=_NP[t.dtype]).reshape(tuple(t.shape))
 
 
-def oip_request(request: pb.EmbedRequest) -> oip.ModelInferRequest:
+def _oip_request(request: pb.EmbedRequest) -> oip.ModelInferRequest:
     """The ModelInfer equivalent of an ids-only Embed request."""
     ids = np.asarray(request.token_ids.ids, dtype="<i8")
     tensor = oip.ModelInferRequest.InferInputTensor(name="input_ids", datatype="INT64",
@@ -190,9 +193,8 @@ async def _shm(channel: grpc.aio.Channel, requests: list[pb.EmbedRequest], concu
             m.CopyFrom(r)
             m.output.region = region.name
 
-    async def one(i: int) -> None:
-        k = i % concurrency
-        resp = await embed(mine[k][i // concurrency % len(requests)])
+    async def one(k: int, i: int) -> None:
+        resp = await embed(mine[k][i % len(requests)])
         rows = rows_from_region(regions[k], resp.embeddings, resp.output, raw_bfloat16=True)
         _check(rows, shape)  # (T, C) view of the region, no copy
         del rows
@@ -222,15 +224,13 @@ async def grpc_load(window: Window, target: str, mode: str, requests: list[pb.Em
         parse: Callable[[bytes], Any] = pb.EmbedResponse.FromString
         decode: Callable[[Any], np.ndarray] = _tensor
         if naive:
-            from bench.servers.naive import SERVICE_NAME, NaiveResponse, decode_naive
-
             prefix, parse, decode = f"/{SERVICE_NAME}/", NaiveResponse.FromString, decode_naive
         if mode == "stream":
             await _stream(channel, prefix + "EmbedStream", parse, decode, requests,
                           concurrency, shape, window)
             return
         if mode == "oip":
-            calls: list[Any] = [oip_request(r) for r in requests]
+            calls: list[Any] = [_oip_request(r) for r in requests]
             decode = _oip_rows
             call = channel.unary_unary(
                 "/inference.GRPCInferenceService/ModelInfer",
@@ -242,7 +242,7 @@ async def grpc_load(window: Window, target: str, mode: str, requests: list[pb.Em
                                        request_serializer=pb.EmbedRequest.SerializeToString,
                                        response_deserializer=parse)
 
-        async def one(i: int) -> None:
+        async def one(k: int, i: int) -> None:
             _check(decode(await call(calls[i % len(calls)])), shape)
 
         await _closed_loops(window, concurrency, one)
@@ -256,7 +256,7 @@ async def http_load(window: Window, url: str, body: bytes, concurrency: int,
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        async def one(i: int) -> None:
+        async def one(k: int, i: int) -> None:
             async with session.post(url, data=body) as response:
                 data = await response.read()
             if response.status != 200 or len(data) < min_bytes:

@@ -10,6 +10,9 @@ round 2, ...), so drift on the machine hits every server alike. Modes: gRPC ``un
 its native unary), ``shm`` (rows into a shared-memory region: service and floor); REST
 ``rest`` (binary output) and ``json`` (JSON output, fp32: service and ceiling).
 
+gRPC cells cycle 8 distinct requests (uniform ids: the table is read from DRAM); a REST
+point sends one request, whose answer the service gives once before the rounds
+(``capture``) for the REST ceiling to answer with and the floor to lay its rows out as.
 Per cell: req/s, tokens/s, MB/s of tensor payload, p50/p99 latency and the server's CPU
 (every thread) per reply, each the median of the rounds; ratios are per-round medians.
 """
