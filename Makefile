@@ -43,23 +43,16 @@ proto: setup     ## regenerate genproto from proto/
 proto-check: setup
 	@$(PY) scripts/gen_proto.py --check
 
-bench: setup     ## benchmarks: ceiling, naive baseline, the service (bench/results/)
+bench: setup     ## the suites: serving, scaling, overload, memory; one target block (bench/results/)
 	@$(PY) -m bench
-	@$(PY) -m bench.scaling
-	@$(PY) -m bench.footprint
-	@$(PY) -m bench.overload
-	@$(PY) -m bench.big_table
-	@$(PY) -m bench.http
-	@$(PY) -m bench.cpu_profile
-	@$(PY) -m bench.worker_memory
 
-bench-smoke: setup  ## every serving-bench path once at tiny sizes (seconds; bench/results/quick/)
+bench-smoke: setup  ## every path of every suite once, at tiny sizes (bench/results/quick/)
 	@$(PY) -m bench --quick --out bench/results/quick
 
 bench-train: setup  ## training throughput and MFU of the default run (bench/results/train_bench.json)
 	@$(PY) -m training.bench
 
-soak: setup      ## 4 clients, 3 minutes against 2 workers, with reloads and a kill (bench/results/soak.*)
+soak: setup      ## 4 clients, 3 min against 2 workers: reloads, a kill, slow readers (bench/results/soak.*)
 	@$(PY) -m bench.soak
 
 clean:

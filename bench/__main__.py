@@ -1,23 +1,85 @@
-"""``python -m bench``: see bench/run.py. Re-executes once with the server's malloc tunables.
+"""``python -m bench`` (``make bench``; ``--quick`` is ``make bench-smoke``): run the suites,
+print each one's table, then one target block; write ``<out>/bench.json`` and
+``<out>/serving.png``.
 
-The load generator decodes multi-MB replies too; with glibc's adaptive mmap threshold it
-would page-fault every reply buffer in again, and that client-side cost would be charged
-to whichever server is being measured. The tunables must be set before the process starts.
+Re-executes once with the server's malloc tunables: the load generator decodes multi-MB
+replies too, and with glibc's adaptive mmap threshold it would page-fault every reply
+buffer in again, a client-side cost charged to whichever server is being measured.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import subprocess
 import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
-from bench.servers import GLIBC_TUNABLES
+from bench.harness.config import BenchConfig, parse_args
+from bench.harness.launch import GLIBC_TUNABLES, ROOT
+from bench.harness.report import SuiteResult, format_targets
+from bench.suites import SUITES
 
-__all__: list[str] = []
+__all__ = ["main", "run"]
+
+
+def _commit() -> str:
+    """The measured code: HEAD, with '+dirty' when the working tree differs from it."""
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
+    """Every suite of ``cfg`` in turn; the whole report (also written to bench.json)."""
+    started, load = time.time(), os.getloadavg()[0]
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    results: list[SuiteResult] = []
+    for name in cfg.suites:
+        t0 = time.time()
+        results.append(SUITES[name](cfg, log))
+        log(f"\n{name} ({time.time() - t0:.0f} s):\n{results[-1].text}\n")
+    meta = {"commit": _commit(), "started": datetime.fromtimestamp(started, UTC).isoformat(),
+            "seconds": round(time.time() - started, 1), "host": platform.node(),
+            "cpus": os.cpu_count(), "python": sys.version.split()[0], "device": cfg.device,
+            "reps": cfg.reps, "ids": cfg.ids, "duration_s": cfg.duration_s,
+            "warmup_s": cfg.warmup_s, "quick": cfg.quick,
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+            # Other work on the machine skews every figure; the 1-minute load says how much.
+            "loadavg_before": round(load, 2), "loadavg_after": round(os.getloadavg()[0], 2)}
+    report = {"meta": meta, **{r.name: r.json() for r in results}}
+    (cfg.out / "bench.json").write_text(json.dumps(report, indent=1))
+    if "serving" in report:
+        from bench.harness.plot import plot_serving
+        from training.plot import PlotsUnavailable
+
+        try:
+            plot_serving(report["serving"]["cells"], cfg.out / "serving.png")
+        except PlotsUnavailable as e:  # the JSON and the printed tables are the result
+            log(f"bench: no serving.png: {e}")
+    log(format_targets([t for r in results for t in r.targets], meta))
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse the command line and run."""
+    cfg = parse_args(argv)
+    run(cfg)
+    print(f"\nwrote {cfg.out / 'bench.json'}")
+
 
 if __name__ == "__main__":
     if "GLIBC_TUNABLES" not in os.environ:
         os.environ["GLIBC_TUNABLES"] = GLIBC_TUNABLES
         os.execv(sys.executable, [sys.executable, "-m", "bench", *sys.argv[1:]])
-    from bench.run import main
-
     main()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for a lent machine, in about 7 minutes: the serving tests with the tables on the
 # GPU, the benchmark with the service on the GPU, then the lookup's bandwidth against the
-# GPU's own copy ceiling (bench.gpu_gather). Results go to $OUT (flat: 8 files at most).
+# GPU's own copy ceiling (bench.suites.gpu_gather). Results go to $OUT (flat: 8 files at most).
 #
 #   here, once:  scripts/gpu_wheels.sh          (grpcio/protobuf wheels for the GPU image -> .whl/)
 #   there:       run(command="scripts/gpu.sh", carry=[".whl", "service/format/assets"], timeout_s=480)
@@ -63,11 +63,11 @@ for name in ("torch", "numpy", "grpc", "grpc_health.v1", "grpc_reflection.v1alph
         print(f"{name}: {getattr(mod, '__version__', 'ok')}")
     except Exception as e:  # a missing or too-old package: say which, then stop
         missing.append(f"{name} ({type(e).__name__}: {e})")
-try:  # optional (the bench extra): without it the bench writes no bench.png
+try:  # optional (the bench extra): without it the bench writes no serving.png
     import matplotlib
     print(f"matplotlib: {matplotlib.__version__}")
 except ImportError:
-    print("matplotlib: not installed (no bench.png)")
+    print("matplotlib: not installed (no serving.png)")
 import torch
 print("cuda available:", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
@@ -106,24 +106,24 @@ fi
 
 # 2. Benchmark (the service on $1), its table into $OUT/$2.txt, JSON and plot beside it.
 run_bench() {
-  local bench=(--reps 3 --duration 0.4 --warmup 0.15 ${BENCH_ARGS:-})
-  [ -n "${QUICK:-}" ] && bench=(--quick)
+  local bench=(--suites serving --reps 3 --duration 0.4 --warmup 0.15 ${BENCH_ARGS:-})
+  [ -n "${QUICK:-}" ] && bench=(--suites serving --quick)
   say "bench: ${bench[*]} --device $1 (timeout ${BENCH_TIMEOUT}s)"
   timeout "$BENCH_TIMEOUT" "$PY" -m bench "${bench[@]}" --device "$1" --out "$WORK/$2" \
     --model-cache "$WORK/model" >"$OUT/$2.txt" 2>&1
   rc=$?; cat "$OUT/$2.txt"; say "bench $1 rc=$rc"; [ $rc -eq 0 ] || status=1
-  for f in bench.json bench.png logs/service.log; do
+  for f in bench.json serving.png logs/service.log; do
     [ -f "$WORK/$2/$f" ] && cp "$WORK/$2/$f" "$OUT/$2.$(basename "${f#bench.}")"
   done
 }
 has bench && run_bench "$DEVICE" bench
 
-# 3. The lookup's bandwidth on the device against its own copy ceiling (bench.gpu_gather).
+# 3. The lookup's bandwidth on the device against its own copy ceiling (bench.suites.gpu_gather).
 if has gather; then
 gather=(--reps 20)
 [ -n "${QUICK:-}" ] && gather=(--reps 2 --scale 64 --cases 1x64 2x64)
 say "gather: ${gather[*]} --device $DEVICE (timeout ${GATHER_TIMEOUT}s)"
-timeout "$GATHER_TIMEOUT" "$PY" -m bench.gpu_gather "${gather[@]}" --device "$DEVICE" \
+timeout "$GATHER_TIMEOUT" "$PY" -m bench.suites.gpu_gather "${gather[@]}" --device "$DEVICE" \
   --out "$OUT/gather.json" >"$OUT/gather.txt" 2>&1
 rc=$?; cat "$OUT/gather.txt"; say "gather rc=$rc"; [ $rc -eq 0 ] || status=1
 fi

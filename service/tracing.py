@@ -49,8 +49,7 @@ if TYPE_CHECKING:
     from service.engine.admission import Admitted
     from service.engine.batcher import Job
 
-__all__ = ["SERVICE_NAME", "SHUTDOWN_SECONDS", "Tracing", "interceptors", "meter", "record",
-           "server_span",
+__all__ = ["SERVICE_NAME", "SHUTDOWN_SECONDS", "Tracing", "interceptors", "record", "server_span",
            "setup", "shutdown"]
 
 SERVICE_NAME = "embedding-service"  # resource service.name unless OTEL_SERVICE_NAME says
@@ -69,34 +68,6 @@ class _Rpc:
 
 
 _RPC: ContextVar[_Rpc | None] = ContextVar("embed_traced_rpc", default=None)
-_meter: Callable[[int], None] | None = None  # see meter(); None: nothing is timed
-
-
-def meter(sink: Callable[[int], None] | None) -> None:
-    """Hand ``sink`` the thread-CPU nanoseconds of each call into this module's per-request
-    code on a traced RPC (the interceptor's span start and end, ``record``); None stops.
-
-    For bench/tracing.py, which weighs what tracing costs the event loop. Set it before the
-    first request: the interceptor times the handlers it wraps from then on. Unset (the
-    default), nothing is timed and nothing is added to a request's path.
-    """
-    global _meter
-    _meter = sink
-
-
-def _metered(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn``, its thread-CPU time handed to the meter when one is set (else ``fn`` itself)."""
-    sink = _meter
-    if sink is None:
-        return fn
-
-    def timed(*args: Any) -> Any:
-        t0 = time.thread_time_ns()
-        try:
-            return fn(*args)
-        finally:
-            sink(time.thread_time_ns() - t0)
-    return timed
 
 
 @dataclass
@@ -196,7 +167,7 @@ def record(admitted: Admitted, job: Job, request_id: str) -> None:
     rpc = _RPC.get()
     if rpc is None:  # tracing off, or an untraced RPC: one ContextVar read
         return
-    _metered(_record)(rpc, admitted, job, request_id)
+    _record(rpc, admitted, job, request_id)
 
 
 def _record(rpc: _Rpc, admitted: Admitted, job: Job, request_id: str) -> None:
@@ -270,7 +241,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         name = method.lstrip("/")
         service, _, rpc = name.rpartition("/")
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc}
-        start, end = _metered(self._start), _metered(self._end)
+        start, end = self._start, self._end
         kind = (("stream" if handler.request_streaming else "unary") + "_"
                 + ("stream" if handler.response_streaming else "unary"))
         behavior = getattr(handler, kind)

@@ -209,7 +209,7 @@ def repo() -> dict[str, list[str]]:
 def test_the_checker_sees_the_repository() -> None:
     graph, _ = import_graph(modules_under(ROOT))
     assert {"service.rpc.native", "service.engine.batcher", "client.codec",
-            "training.train", "bench.loadgen"} <= set(graph)
+            "training.train", "bench.harness.load"} <= set(graph)
     assert "service.format.tokenizer" in graph["training.train"]
 
 

@@ -6,8 +6,9 @@ for bit.
 
 ``run`` drives it; ``requests`` makes the random requests and their expected answers,
 ``oracle`` holds every published version's tables, ``traffic`` is the clients and their
-tally, ``slow`` the slow readers (large answers held unread), ``server`` publishes
-versions and launches the server, ``report`` the summary.
+tally, ``rest`` the same over OIP REST, ``slow`` the slow readers (large answers held
+unread), ``shm_truncate`` the shared-memory scenario, ``server`` publishes versions and
+launches the server, ``report`` the summary.
 """
 
 from __future__ import annotations

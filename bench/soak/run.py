@@ -14,14 +14,17 @@ them: their answers must still all arrive exact, and the server's RSS stay withi
 its stream budget allows. ``--rest-clients`` send the same kinds of requests as OIP REST
 infer on the server's HTTP port (bench/soak/rest.py), checked by the same oracle and
 tallied with everyone else's, and ``--rest-slow-readers`` hold one large REST answer
-unread per stretch beside the gRPC slow readers.
+unread per stretch beside the gRPC slow readers. For its first ``--shm-seconds`` (before
+the kill), clients write into shared-memory regions while a careless one truncates its own
+under load (bench/soak/shm_truncate.py).
 
 Prints progress every ``--progress`` seconds, then the summary; writes
 ``<out>/soak.json``, ``<out>/soak.png`` (p50/p99 and server RSS over time) and the
 server's log ``<out>/soak-server.log``; the temporary model repository is removed. Exits 1
 unless lost = corrupted = wrong codes = failed valid requests = 0 (for the slow readers
 too), no bad version was served, the last good version is served at the end, the killed
-worker came back, and no clean slow-reader stretch grew the RSS past its bound.
+worker came back, no clean slow-reader stretch grew the RSS past its bound, and the
+shared-memory scenario lost and corrupted nothing.
 """
 
 from __future__ import annotations
@@ -42,19 +45,18 @@ from typing import Any
 
 import grpc
 
-from bench.servers import free_port, wait_serving
+from bench.harness.launch import ROOT, free_port, wait_serving, worker_pids
+from bench.soak import shm_truncate
 from bench.soak import slow as slowly
 from bench.soak.oracle import Oracle
-from bench.soak.report import format_summary, latency_windows, plot_soak
+from bench.soak.report import build_report, format_summary, plot_soak
 from bench.soak.requests import RequestMaker
 from bench.soak.rest import RestClient, RestSlowReader
-from bench.soak.server import ROOT, VOCAB_SIZE, Publisher, launch, tree_rss_mb, worker_pids
+from bench.soak.server import VOCAB_SIZE, Publisher, launch, tree_rss_mb
 from bench.soak.traffic import AttemptCounter, SoakClient, Tally
-from bench.window import percentile
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.config import parse_config
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from training.plot import PlotsUnavailable
 
@@ -89,9 +91,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="REST clients holding one large answer unread per stretch; 0 = none")
     p.add_argument("--rest-slow-batch", type=int, default=8,
                    help="B of their requests (T = --slow-tokens on the wide model)")
+    p.add_argument("--shm-seconds", type=float,
+                   help="seconds of the shared-memory scenario from the start; 0 = none "
+                   "(default: 20, ending 5 s before the kill at the latest)")
+    p.add_argument("--shm-clients", type=int, default=2,
+                   help="its good clients (beside one careless client)")
     args = p.parse_args(argv)
     if args.kill_at and args.workers < 2:
         p.error("--kill-at needs --workers >= 2 (the parent restarts a killed worker)")
+    # Its regions are registered with one worker each: the kill would take them along.
+    end = args.kill_at * args.minutes * 60 - 5 if args.kill_at else args.minutes * 60
+    if args.shm_seconds is None:
+        args.shm_seconds = max(0.0, min(20.0, end))
+    elif args.shm_seconds > end:
+        p.error(f"--shm-seconds {args.shm_seconds:g} must end by {end:g} s into the run "
+                "(5 s before --kill-at, within --minutes)")
     return args
 
 
@@ -105,7 +119,7 @@ def _schedule(args: argparse.Namespace) -> list[tuple[float, str]]:
     return sorted(events)
 
 
-class _Run:
+class Soak:
     """The live state of one soak: server, publisher, tally, samples and events."""
 
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
@@ -127,6 +141,9 @@ class _Run:
         if args.rest_slow_readers and not args.slow_readers:
             Publisher(root, self.wide_oracle, args.slow_dim, args.slow_tokens,
                       slowly.WIDE_MODEL, slowly.WIDE_VOCAB, tokenizer=False).publish()
+        if args.shm_seconds:
+            shm_truncate.write_model(root / "models", args.seed)
+        self.shm: shm_truncate.Outcome | None = None
         self.server = launch(root, self.port, args.workers, args.poll_seconds, args.server_arg,
                              self.http_port)
         self.tally = Tally()
@@ -188,7 +205,7 @@ class _Run:
               f"rss {self.rss[-1]['total_mb'] if self.rss else 0:.0f} MB", flush=True)
 
 
-async def _drive(run: _Run) -> None:
+async def _drive(run: Soak) -> None:
     args = run.args
     duration = args.minutes * 60
     run.tally.t0 = time.monotonic()
@@ -211,11 +228,16 @@ async def _drive(run: _Run) -> None:
                                    args.rest_slow_batch, args.slow_tokens, args.slow_hold,
                                    random.Random(args.seed * 37 + i))
                     for i in range(args.rest_slow_readers)]
-    tasks = [asyncio.create_task(c.run(until, random.Random(args.seed * 7919 + i)))
-             for i, c in enumerate(clients)]
+    tasks: list[asyncio.Task[Any]] = [
+        asyncio.create_task(c.run(until, random.Random(args.seed * 7919 + i)))
+        for i, c in enumerate(clients)]
     tasks += [asyncio.create_task(r.run(until)) for r in readers]
     tasks += [asyncio.create_task(c.run(until)) for c in rest_clients]
     tasks += [asyncio.create_task(r.run(until)) for r in rest_readers]
+    if args.shm_seconds:
+        shm = asyncio.create_task(shm_truncate.run_truncate_scenario(
+            target, args.shm_seconds, args.shm_clients, args.seed, args.seed))
+        tasks.append(shm)
     pending = _schedule(args)
     next_progress = args.progress
     while not all(t.done() for t in tasks):
@@ -231,6 +253,8 @@ async def _drive(run: _Run) -> None:
             run.progress()
             next_progress += args.progress
     await asyncio.gather(*tasks)  # re-raise a client's crash, if any
+    if args.shm_seconds:
+        run.shm = shm.result()
     run.counter.sample()
     for c in clients:
         await c.close()
@@ -251,74 +275,10 @@ def _final_versions(target: str, n: int = 4) -> list[int]:
     return out
 
 
-def _report(run: _Run, final: list[int], exit_code: int | None) -> dict[str, Any]:
-    args, t = run.args, run.tally
-    valid = sum(n for (_, _, v), n in t.codes.items() if v)
-    invalid = sum(n for (_, _, v), n in t.codes.items() if not v)
-    lats = [lat * 1e3 for _, lat, _ in t.latencies]
-    windows = latency_windows(t.latencies, args.minutes * 60, args.window)
-    p99s = [w["p99_ms"] for w in windows if w["answers"]]
-    rss = [r["total_mb"] for r in run.rss]
-    log_lines = [line for line in run.server.log.read_text().splitlines()
-                 if any(k in line for k in ("restart", "refused", "loaded model", "Traceback",
-                                            " ERROR ", "started "))]
-    pub = run.publisher
-    budgets = parse_config([*args.server_arg, "--model-repository", str(run.root)])
-    slow = slowly.slow_summary(
-        run.slow, budgets.max_stream_buffer_bytes, budgets.max_unsent_bytes, args.slow_readers,
-        args.slow_tokens * args.slow_dim * 4,
-        slowly.rss_during(run.slow.stretches, run.rss, run.events),
-        args.rest_slow_readers * args.rest_slow_batch * args.slow_tokens * args.slow_dim * 4)
-    checks = {
-        "lost": t.lost, "corrupted": t.corrupted, "wrong_code": t.wrong_code,
-        "failed_valid": sum(t.failures.values()),
-        "bad_versions_answered": sum(t.versions[v] for v in pub.bad),
-        "bad_versions_refused": all(run.log_count(f"refused model=soak version={v}:") > 0
-                                    for v in pub.bad),
-        "final_version_is_last_good": all(v == pub.good[-1] for v in final),
-        "killed_worker_restarted": run.killed is None
-        or "serving_again" in {e["kind"] for e in run.events},
-        "server_exit_code": exit_code,
-        "slow_lost": slow["lost"], "slow_corrupted": slow["corrupted"],
-        "slow_failed": slow["failed"], "slow_rss_within_bound": slow["within_bound"],
-    }
-    passed = (checks["lost"] == checks["corrupted"] == checks["wrong_code"]
-              == checks["failed_valid"] == checks["bad_versions_answered"] == 0
-              and bool(checks["bad_versions_refused"])
-              and bool(checks["final_version_is_last_good"])
-              and bool(checks["killed_worker_restarted"]) and exit_code == 0
-              and slow["lost"] == slow["corrupted"] == slow["failed"] == 0
-              and slow["within_bound"] is not False)
-    codes = {f"{rpc} {code} {'valid' if v else 'invalid'}": n
-             for (rpc, code, v), n in sorted(t.codes.items())}
-    return {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "totals": {"requests": valid + invalid, "by_rpc": dict(t.requests), "valid": valid,
-                   "invalid": invalid, "answered": t.answered,
-                   "failed_valid": sum(t.failures.values()),
-                   "failures_by_code": dict(t.failures), "wrong_code": t.wrong_code,
-                   "codes": codes, "calls": run.counter.calls,
-                   "attempts": run.counter.attempts, "retries": run.counter.retries,
-                   "stream_resumes": t.stream_resumes, "lost": t.lost,
-                   "rest_retries": sum(c.retries for c in run.rest_clients),
-                   "corrupted": t.corrupted, "versions": dict(sorted(t.versions.items()))},
-        "latency": {"p50_ms": percentile(lats, 0.5), "p99_ms": percentile(lats, 0.99),
-                    "window_p99_min_ms": min(p99s, default=float("nan")),
-                    "window_p99_max_ms": max(p99s, default=float("nan"))},
-        "latency_windows": windows, "rss": run.rss,
-        "rss_summary": {"start_mb": rss[0] if rss else 0, "end_mb": rss[-1] if rss else 0,
-                        "min_mb": min(rss, default=0), "max_mb": max(rss, default=0)},
-        "events": run.events, "published": {"good": pub.good, "bad": pub.bad},
-        "final_versions": final, "server_log": log_lines[:40],
-        "problems": t.problems + run.slow.problems, "slow_reader": slow,
-        "checks": checks, "passed": passed,
-    }
-
-
 def run_soak(args: argparse.Namespace) -> dict[str, Any]:
     """Run one soak; write soak.json and soak.png under ``args.out``; return the report."""
     root = Path(tempfile.mkdtemp(prefix="embed-soak-"))
-    run = _Run(args, root)
+    run = Soak(args, root)
     try:
         wait_serving(run.server, 120)
         deadline = time.monotonic() + 120
@@ -338,7 +298,7 @@ def run_soak(args: argparse.Namespace) -> dict[str, Any]:
         except Exception:
             run.server.proc.kill()
             exit_code = None
-    report = _report(run, final, exit_code)
+    report = build_report(run, final, exit_code)
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run.server.log, args.out / "soak-server.log")
     shutil.rmtree(root, ignore_errors=True)  # the repository: tens of MB per version

@@ -11,22 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from bench.servers import GLIBC_TUNABLES, ServerProcess
+from bench.harness.launch import ServerProcess, memory_mb, process_tree, service_argv
+from bench.harness.launch import launch as launch_server
 from bench.soak.oracle import Oracle, PublishedVersion
 from bench.soak.requests import MODEL
 from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE
-from service.format.writer import write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
+from service.format.writer import write_checkpoint
 
-__all__ = ["ROOT", "Publisher", "launch", "tree_rss_mb", "worker_pids"]
+__all__ = ["Publisher", "launch", "tree_rss_mb"]
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository
 VOCAB_SIZE = 50257
 
 
@@ -92,50 +90,12 @@ def launch(root: Path, port: int, workers: int, poll_seconds: float,
            extra: list[str], http_port: int = -1) -> ServerProcess:
     """``python -m service`` over ``root/models`` on ``port`` (and REST on ``http_port``,
     -1: off); its log in ``root``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
-    argv = [sys.executable, "-m", "service", "--model-repository", str(root / "models"),
-            "--default-model", MODEL, "--host", "127.0.0.1", "--grpc-port", str(port),
-            "--http-port", str(http_port),
-            "--metrics-port", "-1", "--device", "cpu", "--workers", str(workers),
-            "--poll-seconds", str(poll_seconds), *extra]
-    log = root / "server.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    return ServerProcess("service", f"127.0.0.1:{port}", proc, log)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def worker_pids(parent: int) -> list[int]:
-    """The parent's spawned server workers (not multiprocessing's resource tracker)."""
-    pids = []
-    for pid in _children(parent):
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                pids.append(pid)
-        except OSError:
-            continue  # exited in between
-    return sorted(pids)
-
-
-def _rss_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    argv = service_argv(root, port, "--default-model", MODEL, "--workers", str(workers),
+                        "--poll-seconds", str(poll_seconds), *extra, http_port=http_port)
+    return launch_server("server", argv, port, root, http_port)
 
 
 def tree_rss_mb(parent: int) -> tuple[float, dict[int, float]]:
     """RSS of the server: parent + every child (workers, resource tracker), in MB."""
-    pids = [parent, *_children(parent)]
-    each = {pid: _rss_kb(pid) / 1024 for pid in pids}
+    each = {pid: memory_mb(pid) for pid in process_tree(parent)}
     return sum(each.values()), each

@@ -1,32 +1,23 @@
-"""Soak scenario: shared-memory objects truncated under load by their owner.
+"""The soak's shared-memory scenario: objects truncated under load by their owner.
 
-    python -m bench.soak.shm_truncate --seconds 20 --clients 4 --workers 2
-
-Against a real ``python -m service --workers W`` on loopback: ``--clients`` good clients
-each own a region and send shared-memory ``Embed`` requests into it back to back, every
-answer checked bit for bit against the tables (fp32: token row + position row); one
-careless client registers its own object, sends the same requests and, at random moments,
-shrinks it to a few bytes, truncates it to 0 or unlinks it while its requests are in
-flight, then makes a new one and registers again. Its requests may fail with
-FAILED_PRECONDITION or land (a shrink racing the server's check is extended back by the
-write); nothing else may happen to anyone.
-
-Exits 1 unless: 0 lost and 0 corrupted good answers, every careless answer is OK or
-FAILED_PRECONDITION (or NOT_FOUND while it re-registers), the server's workers never died
-(same PIDs at the end) and it still answers. ``run_truncate_scenario`` is the piece a larger
-soak can run beside its own traffic against a server it started (it needs the tables'
-seed).
+Beside the soak's other traffic (``--shm-seconds``): ``--shm-clients`` good clients each own
+a region and send shared-memory ``Embed`` requests into it back to back, every answer
+checked bit for bit against the tables (fp32: token row + position row); one careless
+client registers its own object, sends the same requests and, at random moments, shrinks
+it to a few bytes, truncates it to 0 or unlinks it while its requests are in flight, then
+makes a new one and registers again. Its requests may fail with FAILED_PRECONDITION or
+land (a shrink racing the server's check is extended back by the write); nothing else may
+happen to anyone. Passed: 0 lost and 0 corrupted good answers, every careless answer OK or
+FAILED_PRECONDITION (or NOT_FOUND while it re-registers). The model ``soak-shm`` must be
+served from ``tables(seed)`` (``write_model``).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import random
 import secrets
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +26,13 @@ import grpc
 import grpc.aio
 import torch
 
-from bench.servers import free_port, launch, wait_serving
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.format.writer import write_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec
+from service.format.writer import write_checkpoint
 
-__all__ = ["Outcome", "main", "run_truncate_scenario"]
+__all__ = ["MAX_SEQ_LEN", "MODEL", "VOCAB", "Outcome", "run_truncate_scenario", "tables",
+           "write_model"]
 
 VOCAB, DIM, MAX_SEQ_LEN, MODEL = 50257, 64, 256, "soak-shm"
 SHM = Path("/dev/shm")
@@ -52,6 +43,15 @@ def tables(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The scenario model's (token_table, position_table)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(VOCAB, DIM, generator=g), torch.randn(MAX_SEQ_LEN, DIM, generator=g)
+
+
+def write_model(models: Path, seed: int) -> None:
+    """``models/soak-shm/1`` with ``tables(seed)`` and GPT-2's tokenizer."""
+    token_table, position_table = tables(seed)
+    write_checkpoint(models / MODEL / "1", token_table=token_table,
+                     position_table=position_table, position="learned",
+                     max_seq_len=MAX_SEQ_LEN, vocab_size=VOCAB, tokenizer_spec=gpt2_spec(),
+                     tokenizer_ranks=default_ranks_path())
 
 
 @dataclass
@@ -184,64 +184,3 @@ async def run_truncate_scenario(target: str, seconds: float, clients: int, seed:
         for ch in channels:
             await ch.close()
     return out
-
-
-def _worker_pids(parent: int) -> list[int]:
-    try:
-        children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-    except OSError:
-        return []
-    return sorted(int(c) for c in children
-                  if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes())
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Start a server, run the scenario, print the outcome; 0 when it passed."""
-    p = argparse.ArgumentParser(prog="python -m bench.soak.shm_truncate",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=20.0)
-    p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        repo = Path(tmp) / "models"
-        token_table, position_table = tables(args.seed)
-        write_checkpoint(repo / MODEL / "1", token_table=token_table,
-                         position_table=position_table, position="learned",
-                         max_seq_len=MAX_SEQ_LEN, vocab_size=VOCAB, tokenizer_spec=gpt2_spec(),
-                         tokenizer_ranks=default_ranks_path())
-        port = free_port()
-        server = launch("service", [sys.executable, "-m", "service", "--model-repository",
-                                    str(repo), "--default-model", MODEL, "--grpc-port",
-                                    str(port), "--metrics-port", "-1", "--device", "cpu",
-                                    "--poll-seconds", "0", "--workers", str(args.workers)],
-                        port, Path(tmp))
-        try:
-            wait_serving(server, 120)
-            time.sleep(1.0 if args.workers > 1 else 0.0)  # every worker up
-            pids = _worker_pids(server.proc.pid)
-            out = asyncio.run(run_truncate_scenario(server.target, args.seconds, args.clients,
-                                                    args.seed, args.seed))
-            alive = server.proc.poll() is None and _worker_pids(server.proc.pid) == pids
-            with grpc.insecure_channel(server.target) as ch:
-                try:
-                    pb_grpc.EmbeddingServiceStub(ch).Embed(pb.EmbedRequest(
-                        model=MODEL, token_ids=pb.TokenIds(ids=[1, 2, 3])), timeout=30)
-                except grpc.RpcError:
-                    alive = False
-        finally:
-            server.proc.terminate()
-            server.proc.wait(30)
-    print(f"good answers {out.good_ok} (lost {out.lost}, corrupted {out.corrupted}); careless "
-          f"answers {dict(sorted(out.careless.items()))} over {out.truncations} truncations; "
-          f"workers {'unchanged' if alive else 'DIED'} ({pids})")
-    for line in out.errors:
-        print("  unexpected:", line)
-    ok = out.passed and alive
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,7 @@ positions up to ``--slow-tokens``), writes ``--slow-requests`` requests of T =
 window of 64 answers can hold within its 16 MiB per-stream budget), reads **nothing** for
 ``--slow-hold`` seconds, then reads the answers slowly (``--slow-trickle`` seconds between
 answers), each checked bit for bit by its own oracle. The server paces such a stream
-(service/rpc/pacing.py): it stops reading the stream's requests once its unsent answers
+(service/engine/budgets.py): it stops reading the stream's requests once its unsent answers
 reach the budget, so every answer still arrives, exact, once the client reads.
 
 Its figures are kept apart from the other clients' (``SlowTally``), so the soak's lost /

@@ -110,29 +110,27 @@ class SoakClient:
         self.n += 1
         return f"c{self.index}-{self.n}"
 
-    async def embed(self) -> None:
+    async def _unary(self, rpc: str, make: Any, make_bad: Any, call: Any, check: Any) -> None:
         bad = self.maker.rng.random() < self.invalid_share
-        req, exp = (self.maker.bad_embed if bad else self.maker.embed)(self._rid())
+        req, exp = (make_bad if bad else make)(self._rid())
         sent = time.monotonic()
         try:
-            resp = await self.stub.Embed(req, timeout=_DEADLINE_S)
+            resp = await call(req, timeout=_DEADLINE_S)
         except grpc.RpcError as e:
-            self.tally.outcome("Embed", exp, *_code(e))
+            self.tally.outcome(rpc, exp, *_code(e))
             return
-        wrong = self.oracle.check_embed(resp, exp) if exp.code == OK else None
-        self.tally.answer("Embed", exp, resp, wrong, sent)
+        wrong = check(resp, exp) if exp.code == OK else None
+        self.tally.answer(rpc, exp, resp, wrong, sent)
+
+    async def embed(self) -> None:
+        """One Embed (with invalid_share, an invalid one)."""
+        await self._unary("Embed", self.maker.embed, self.maker.bad_embed, self.stub.Embed,
+                          self.oracle.check_embed)
 
     async def batch(self) -> None:
-        bad = self.maker.rng.random() < self.invalid_share
-        req, exp = (self.maker.bad_batch if bad else self.maker.batch)(self._rid())
-        sent = time.monotonic()
-        try:
-            resp = await self.stub.EmbedBatch(req, timeout=_DEADLINE_S)
-        except grpc.RpcError as e:
-            self.tally.outcome("EmbedBatch", exp, *_code(e))
-            return
-        wrong = self.oracle.check_batch(resp, exp) if exp.code == OK else None
-        self.tally.answer("EmbedBatch", exp, resp, wrong, sent)
+        """One EmbedBatch (with invalid_share, an invalid one)."""
+        await self._unary("EmbedBatch", self.maker.batch, self.maker.bad_batch,
+                          self.stub.EmbedBatch, self.oracle.check_batch)
 
     async def stream(self) -> None:
         """1..8 requests on one stream; with invalid_share, the last one is invalid."""

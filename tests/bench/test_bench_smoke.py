@@ -1,82 +1,107 @@
-"""Smoke test of `python -m bench`: every path (ceiling, naive, service; unary, stream, OIP
-and shared memory) runs once with tiny sizes, and the JSON, the PNG and the printed table
-come out whole."""
+"""``python -m bench --quick`` (make bench-smoke): every suite and every path of each runs
+once at tiny sizes against real servers, and the JSON, the PNG, the tables and the target
+block come out whole."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+from bench.harness.config import BenchConfig, quick
+from bench.suites.serving import cells
+
 ROOT = Path(__file__).resolve().parents[2]
+TARGETS = [
+    "T=4 fp32 c=2 unary: service / gRPC ceiling throughput",  # T=big (>= 0.8)
+    "T=4 fp32 c=2 unary: service / naive throughput",
+    "T=4 fp32 c=2 unary: service / gRPC ceiling throughput",  # T=small (>= 0.85)
+    "T=4 fp32 c=1 unary: service p50 / gRPC ceiling p50",
+    "T=4 fp32 c=1: stream/unary throughput, service / gRPC ceiling",
+    "T=4 fp32 c=2: stream/unary throughput, service / gRPC ceiling",
+    "T=4 c=2 unary: bf16 / fp32 throughput",
+    "T=4 fp32 c=2: OIP ModelInfer / native unary throughput",
+    "T=4 fp32 c=2: shm / gRPC ceiling throughput",
+    "T=4 c=2 shm: bf16/fp32 throughput, service / lookup floor",
+    "REST binary T=4 fp32 c=1: service / lookup floor throughput",
+    "REST binary T=4 fp32 c=2: service / lookup floor throughput",  # T=small (>= 0.8)
+    "REST binary T=4 fp32 c=2: service / lookup floor throughput",  # T=big (>= 0.9)
+    "REST JSON T=4 fp32 c=2: service / REST ceiling throughput",
+    "64 x T=16: EmbedBatch / unary throughput",
+    "overload c=4: refusal p99 ms",
+    "overload c=16: refusal p99 ms",
+    "gpt2: start-up s (load, verify, SERVING)",
+    "gpt2: RSS MiB after traffic",
+    "llama3: start-up s (load, verify, SERVING)",
+    "llama3: RSS MiB after traffic",
+]
 
 
-def test_quick_bench_runs_every_path(tmp_path: Path) -> None:
+def test_quick_bench_runs_every_path_of_every_suite(tmp_path: Path) -> None:
     out = tmp_path / "results"
     proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "bench.json").read_text())
-    assert set(report) == {"meta", "cells", "comparisons", "targets"}
-    assert report["meta"]["quick"] is True
-    assert report["meta"]["reps"] == 1
-    assert report["meta"]["glibc_tunables"].startswith("glibc.malloc.mmap_threshold=")
+    assert list(report) == ["meta", "serving", "scaling", "overload", "memory"]
+    meta = report["meta"]
+    assert (meta["quick"], meta["reps"]) == (True, 1)
+    assert meta["glibc_tunables"].startswith("glibc.malloc.mmap_threshold=")
 
-    keys = {c["key"] for c in report["cells"]}
-    grid = [(m, d, c) for m in ("unary", "stream") for d in ("float32", "bfloat16")
-            for c in (1, 2)]
-    expected = ({f"ceiling/{m}/T4/{d}/c{c}" for m, d, c in grid}
-                | {f"service/{m}/T4/{d}/c{c}" for m, d, c in grid}
-                | {"naive/unary/T4/float32/c1", "naive/unary/T4/float32/c2"}
-                | {f"service/{m}/T4/{d}/c{c}" for m in ("oip", "shm")
-                   for d in ("float32", "bfloat16") for c in (1, 2)})
-    assert keys == expected
-    for cell in report["cells"]:
-        assert cell["C"] == 8
-        assert len(cell["reps"]) == 1
-        assert cell["payload_bytes"] == 4 * 8 * (2 if cell["dtype"] == "bfloat16" else 4)
+    serving = report["serving"]
+    want = {c.key for c in cells(quick(BenchConfig()))}
+    assert {c["key"] for c in serving["cells"]} == want
+    # Per c: fp32 unary 4, stream 3, oip 1, shm 2, rest 3, json 2; bf16 the same less naive
+    # and JSON.
+    assert len(want) == 2 * (15 + 12)
+    for cell in serving["cells"]:
         m = cell["median"]
-        assert m["req_s"] > 0
+        assert m["req_s"] > 0, cell["key"]
         assert m["tokens_s"] == 4 * m["req_s"]
         assert 0 < m["p50_ms"] <= m["p99_ms"]
+        assert m["cpu_us"] >= 0  # /proc counts in clock ticks: a short window may read 0
+        refs = [cell.get(f"over_{r}") for r in ("ceiling", "floor", "naive")]
+        if cell["backend"] == "service":
+            assert refs[0] is not None, cell["key"]
+            assert refs[0] > 0, cell["key"]
+        else:
+            assert refs == [None, None, None]
+    assert (out / "serving.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {p.name for p in (out / "logs").iterdir()} >= {
+        "ceiling.log", "floor.log", "naive.log", "service.log"}
 
-    assert len(report["comparisons"]) == 16
-    for comp in report["comparisons"]:
-        assert comp["service_over_ceiling"] > 0
-        assert comp["service_over_naive"] > 0
-    names = [t["name"] for t in report["targets"]]
-    assert names == [
-        "T=4 fp32 c=2 unary: service/ceiling throughput",
-        "T=4 fp32 c=2 unary: service/naive throughput",
-        "T=4 fp32 c=1 unary: service p50 / ceiling p50",
-        "T=4 fp32 c=1: EmbedStream / unary throughput",
-        "T=4 fp32 c=2: EmbedStream / unary throughput",
-        "T=4 c=2 unary: bf16 / fp32 tokens/s",
-        "T=4 fp32 c=2: OIP ModelInfer / native unary throughput",
-        "T=4 fp32 c=2: shm tokens/s / gRPC ceiling tokens/s",
-        "T=4 c=2 shm: bf16 / fp32 tokens/s",
-    ]
-    assert all(isinstance(t["met"], bool) for t in report["targets"])
+    scaling = report["scaling"]
+    assert all(v > 0 for v in scaling["packed_tokens_s"].values())
+    assert set(scaling["workers_tokens_s"]) == {"w1/T4", "w2/T4"}
 
-    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "svc/ceil" in proc.stdout
-    assert proc.stdout.count("MET") == 9  # every target line carries a verdict
-    assert (out / "logs" / "service.log").is_file()
+    overload = report["overload"]
+    assert overload["baseline"]["rejected"] == 0  # one request of 512 tokens fits in 1024
+    heavy = overload["overload"][-1]
+    assert heavy["concurrency"] == 16
+    assert heavy["rejected"] > 0  # 16 x 512 tokens against 1024
+    assert heavy["accepted"] > 0
+    for phase in overload["overload"]:
+        assert phase["other_codes"] == {}
+        assert phase["requests"] == phase["accepted"] + phase["rejected"]
+        assert phase["floor_p99_ms"] > 0
 
+    for table in ("gpt2", "llama3"):
+        memory = report["memory"][table]
+        assert memory["one_worker"][0]["startup_s"] >= 0
+        assert memory["one_worker"][0]["rss_mb"] > 0
+        assert len(memory["two_workers"]["worker_pss_mb"]) == 2
 
-def test_scaling_rounds_return_every_row(server) -> None:  # type: ignore[no-untyped-def]
-    """The packed, unary and stream rounds of bench.scaling each deliver 64 x T rows."""
-    import asyncio
-
-    import grpc
-
-    from bench import scaling
-
-    async def rounds() -> list[int]:
-        async with grpc.aio.insecure_channel(server.target) as channel:
-            seqs = [[i, i + 1, i + 2] for i in range(64)]
-            return [await how(channel, seqs, "tiny") for how in (
-                scaling.packed_round, scaling.unary_round, scaling.stream_round)]
-
-    assert asyncio.run(rounds()) == [192, 192, 192]
+    targets = [t for suite in ("serving", "scaling", "overload", "memory")
+               for t in report[suite]["targets"]]
+    assert [t["name"] for t in targets] == TARGETS
+    for t in targets:
+        assert t["met"] == (not math.isnan(t["value"]) and (
+            t["value"] >= t["bound"] if t["op"] == ">=" else t["value"] <= t["bound"]))
+    lines = [ln for ln in proc.stdout.splitlines() if re.match(r"  \[(MET    |NOT MET)\] ", ln)]
+    assert [ln.split("] ", 1)[1].rsplit(" = ", 1)[0] for ln in lines] == TARGETS
+    assert f"of {len(TARGETS)} met" in proc.stdout
+    for header in ("serving (", "scaling (", "overload (", "memory ("):
+        assert header in proc.stdout

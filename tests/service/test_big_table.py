@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 
-from bench.big_table import TABLES
 from service.engine.loading import load_model
 from service.engine.tables import COMPOSE_TOKEN_PLUS_POSITION
 from service.format.checkpoint import read_checkpoint
@@ -47,7 +46,3 @@ def test_bf16_rows_gathered_straight_into_the_output(tmp_path: Path) -> None:
     tables.embed_into([(ids, [(0, 5)], wide)], COMPOSE_TOKEN_PLUS_POSITION)
     assert torch.equal(wide, tables.token_table[ids].float())  # fp32 out: rows widened
 
-
-def test_bench_tables_are_llama3_and_gpt2_size() -> None:
-    assert TABLES["llama3"][:3] == (128256, 4096, torch.bfloat16)
-    assert TABLES["gpt2"][:3] == (50257, 768, torch.float32)

@@ -9,12 +9,12 @@ import time
 import grpc
 import pytest
 
+from bench.harness.load import percentile
 from bench.soak.oracle import Oracle
 from bench.soak.report import latency_windows
 from bench.soak.requests import RequestMaker
 from bench.soak.server import VOCAB_SIZE, Publisher
 from bench.soak.traffic import AttemptCounter, SoakClient, Tally
-from bench.window import percentile
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc

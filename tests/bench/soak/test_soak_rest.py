@@ -11,13 +11,12 @@ import time
 
 import pytest
 
-from bench.soak.oracle import Oracle
 from bench.soak.requests import RequestMaker
 from bench.soak.rest import RestClient, RestSlowReader
-from bench.soak.server import VOCAB_SIZE, Publisher
-from bench.soak.slow import WIDE_MODEL, WIDE_VOCAB, SlowTally
+from bench.soak.server import VOCAB_SIZE
+from bench.soak.slow import SlowTally
 from bench.soak.traffic import Tally
-from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+from tests.bench.soak.models import publish_soak_models
 from tests.tiny_model import start
 
 L, T, C, B = 32, 256, 64, 128  # the wide model's answers: B x T x C x 4 = 8 MiB, past what
@@ -27,11 +26,7 @@ L, T, C, B = 32, 256, 64, 128  # the wide model's answers: B x T x C x 4 = 8 MiB
 @pytest.fixture(scope="module")
 def rest_soak(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("rest")
-    tokenizer = load_tokenizer(gpt2_spec(), default_ranks_path())
-    oracle = Oracle(L, tokenizer.encode)
-    Publisher(root, oracle, dim=8, max_seq_len=L).publish()
-    wide = Oracle(T, tokenizer.encode, WIDE_MODEL)
-    Publisher(root, wide, C, T, WIDE_MODEL, WIDE_VOCAB, tokenizer=False).publish()
+    oracle, wide, tokenizer = publish_soak_models(root, L, T, C)
     handle = start(root / "models", default_model="soak", max_tokens_per_request=B * T)
     yield handle, oracle, wide, tokenizer
     handle.stop()

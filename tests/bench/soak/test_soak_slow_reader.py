@@ -12,12 +12,9 @@ import time
 
 import pytest
 
-from bench.soak.oracle import Oracle
 from bench.soak.requests import RequestMaker
-from bench.soak.server import VOCAB_SIZE, Publisher
+from bench.soak.server import VOCAB_SIZE
 from bench.soak.slow import (
-    WIDE_MODEL,
-    WIDE_VOCAB,
     SlowReader,
     SlowTally,
     rss_during,
@@ -25,7 +22,7 @@ from bench.soak.slow import (
 )
 from bench.soak.traffic import SoakClient, Tally
 from client.retry import RetryPolicy
-from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
+from tests.bench.soak.models import publish_soak_models
 from tests.tiny_model import start
 
 L, T, C = 32, 256, 64  # soak model positions; the wide model's T and C: 64 KiB answers
@@ -36,11 +33,7 @@ PER_STREAM = 4 * ANSWER  # the budget holds 4 answers; the window would hold 64
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("slow")
-    tokenizer = load_tokenizer(gpt2_spec(), default_ranks_path())
-    oracle = Oracle(L, tokenizer.encode)
-    Publisher(root, oracle, dim=8, max_seq_len=L).publish()
-    wide = Oracle(T, tokenizer.encode, WIDE_MODEL)
-    Publisher(root, wide, C, T, WIDE_MODEL, WIDE_VOCAB, tokenizer=False).publish()
+    oracle, wide, tokenizer = publish_soak_models(root, L, T, C)
     handle = start(root / "models", default_model="soak", max_stream_buffer_bytes=PER_STREAM)
     yield handle, oracle, wide, tokenizer
     handle.stop()

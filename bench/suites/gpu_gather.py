@@ -1,6 +1,6 @@
 """The lookup's bandwidth on the tables' device against that device's own copy ceiling.
 
-    python -m bench.gpu_gather [--device cuda] [--reps 20] [--out gather.json]
+    python -m bench.suites.gpu_gather [--device cuda] [--reps 20] [--out gather.json]
 
 Issue 28's GPU item: how close the service's device half (``EmbeddingTables.device_rows``:
 gather, add, cast) and the whole ``embed_into`` (that, one D2H copy into pinned memory,
@@ -112,7 +112,7 @@ def measure(name: str, device: torch.device, batch: int, T: int, reps: int,
 
 def main(argv: list[str] | None = None) -> int:
     """Run every table and batch; print a table, write JSON; exit 1 if an answer is off."""
-    p = argparse.ArgumentParser(prog="python -m bench.gpu_gather", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.suites.gpu_gather", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--reps", type=int, default=20, help="timed runs per stage (median)")

@@ -1,0 +1,266 @@
+"""Load generation: N requests in flight against one server, every reply checked, counted in
+a measurement window, with the server's CPU over that window.
+
+gRPC (one grpc.aio client; every reply decoded to numpy and its shape checked):
+``unary``: N coroutines, each one ``Embed`` at a time; ``stream``: one ``EmbedStream`` with a
+window of N requests written ahead of their replies (replies come back in request order,
+so a FIFO of send times gives each latency); ``oip``: unary ``ModelInfer`` with
+``input_ids`` INT64 [1, T] in raw_input_contents; ``shm``: each in-flight slot owns a
+/dev/shm region registered with the server, ``Embed`` names it as the output and the rows
+are read back as a numpy view of it (no copy). REST (aiohttp, keep-alive): N clients, each
+one POST at a time, every body read and its status and size checked.
+
+Only replies that arrive inside the window count; the warm-up before it lets HTTP/2 flow
+control and the servers' allocators settle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+
+from bench.harness.launch import MAX_MESSAGE_BYTES, cpu_seconds
+from bench.servers.naive import SERVICE_NAME, NaiveResponse, decode_naive
+from client.shm import SharedMemoryRegion, rows_from_region
+from genproto.embedding.v1 import embedding_pb2 as pb
+from genproto.inference.v2 import grpc_service_pb2 as oip
+
+__all__ = ["DTYPE_ENUM", "Measurement", "Window", "grpc_load", "http_load", "measure",
+           "percentile"]
+
+DTYPE_ENUM = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16,
+              "bfloat16": pb.DTYPE_BFLOAT16}
+# numpy has no bfloat16: its bits are decoded as uint16 (zero-copy, like the others).
+_NP = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_FLOAT16: np.float16, pb.DTYPE_BFLOAT16: np.uint16}
+_OIP_DATATYPE = {pb.DTYPE_FLOAT32: "FP32", pb.DTYPE_FLOAT16: "FP16", pb.DTYPE_BFLOAT16: "BF16"}
+_OIP_NP = {"FP32": np.float32, "FP16": np.float16, "BF16": np.uint16}
+_EMBED = "/embedding.v1.EmbeddingService/"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of unsorted ``values`` (nan when empty)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Replies completed in a window of ``seconds``, each one's latency, and the server's
+    CPU seconds over the window (nan when not watched)."""
+
+    requests: int
+    seconds: float
+    latencies_ns: tuple[int, ...]
+    cpu_s: float = math.nan
+
+
+class Window:
+    """Counts replies completed between ``warmup_s`` and ``warmup_s + duration_s`` from now."""
+
+    def __init__(self, warmup_s: float, duration_s: float) -> None:
+        self.start = time.perf_counter_ns() + int(warmup_s * 1e9)
+        self.end = self.start + int(duration_s * 1e9)
+        self.latencies: list[int] = []
+        self.cpu_s = math.nan
+
+    def done(self, sent: int) -> None:
+        """A checked reply to a request sent at ``sent`` (perf_counter_ns)."""
+        now = time.perf_counter_ns()
+        if self.start <= now < self.end:
+            self.latencies.append(now - sent)
+
+    async def watch_cpu(self, pid: int) -> None:
+        """Read ``pid``'s CPU time at the window's start and end."""
+        await asyncio.sleep(max(0.0, (self.start - time.perf_counter_ns()) / 1e9))
+        before = cpu_seconds(pid)
+        await asyncio.sleep(max(0.0, (self.end - time.perf_counter_ns()) / 1e9))
+        self.cpu_s = cpu_seconds(pid) - before
+
+
+async def measure(run: Callable[[Window], Coroutine[Any, Any, None]], warmup_s: float,
+                  duration_s: float, pid: int | None = None) -> Measurement:
+    """``run`` against a fresh window (and ``pid``'s CPU over it); the replies it counted."""
+    window = Window(warmup_s, duration_s)
+    async with asyncio.TaskGroup() as tg:  # one failed call cancels the others
+        tg.create_task(run(window))
+        if pid is not None:
+            tg.create_task(window.watch_cpu(pid))
+    return Measurement(len(window.latencies), duration_s, tuple(window.latencies),
+                       window.cpu_s)
+
+
+async def _closed_loops(window: Window, concurrency: int,
+                        one: Callable[[int, int], Awaitable[None]]) -> None:
+    """``concurrency`` coroutines, coroutine k calling ``one(k, i)`` back to back until the
+    end, i = k, k+1, ...: each one cycles through every request, from its own offset."""
+    async def loop(k: int) -> None:
+        i = k
+        while (sent := time.perf_counter_ns()) < window.end:
+            await one(k, i)
+            window.done(sent)
+            i += 1
+
+    async with asyncio.TaskGroup() as tg:
+        for k in range(concurrency):
+            tg.create_task(loop(k))
+
+
+def _check(array: np.ndarray, shape: tuple[int, int]) -> None:
+    if array.shape != shape:
+        raise AssertionError(f"reply shape {array.shape}, expected {shape}")
+
+
+def _tensor(resp: pb.EmbedResponse) -> np.ndarray:
+    t = resp.embeddings
+    return np.frombuffer(t.data, dtype=_NP[t.dtype]).reshape(tuple(t.shape))
+
+
+def _oip_request(request: pb.EmbedRequest) -> oip.ModelInferRequest:
+    """The ModelInfer equivalent of an ids-only Embed request."""
+    ids = np.asarray(request.token_ids.ids, dtype="<i8")
+    tensor = oip.ModelInferRequest.InferInputTensor(name="input_ids", datatype="INT64",
+                                                    shape=[1, len(ids)])
+    out = oip.ModelInferRequest(
+        model_name=request.model, inputs=[tensor], raw_input_contents=[ids.tobytes()],
+        outputs=[oip.ModelInferRequest.InferRequestedOutputTensor(name="embeddings")])
+    out.parameters["datatype"].string_param = _OIP_DATATYPE[request.dtype]
+    return out
+
+
+def _oip_rows(resp: oip.ModelInferResponse) -> np.ndarray:
+    out = resp.outputs[0]
+    data = np.frombuffer(resp.raw_output_contents[0], dtype=_OIP_NP[out.datatype])
+    return data.reshape(tuple(out.shape)[1:])  # (T, C) of the [1, T, C] output
+
+
+async def _stream(channel: grpc.aio.Channel, method: str, parse: Callable[[bytes], Any],
+                  decode: Callable[[Any], np.ndarray], requests: list[pb.EmbedRequest],
+                  concurrency: int, shape: tuple[int, int], window: Window) -> None:
+    call = channel.stream_stream(method, request_serializer=pb.EmbedRequest.SerializeToString,
+                                 response_deserializer=parse)()
+    slots = asyncio.Semaphore(concurrency)
+    sent: collections.deque[int] = collections.deque()
+
+    async def writer() -> None:
+        i = 0
+        while True:
+            await slots.acquire()
+            if (now := time.perf_counter_ns()) >= window.end:
+                break
+            sent.append(now)
+            await call.write(requests[i % len(requests)])
+            i += 1
+        await call.done_writing()
+
+    async def reader() -> None:
+        async for resp in call:
+            _check(decode(resp), shape)
+            window.done(sent.popleft())
+            slots.release()
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(writer())
+        tg.create_task(reader())
+
+
+async def _shm(channel: grpc.aio.Channel, requests: list[pb.EmbedRequest], concurrency: int,
+               shape: tuple[int, int], window: Window) -> None:
+    def rpc(name: str, request: Any, response: Any) -> grpc.aio.UnaryUnaryMultiCallable:
+        return channel.unary_unary(_EMBED + name, request_serializer=request.SerializeToString,
+                                   response_deserializer=response.FromString)
+
+    embed = rpc("Embed", pb.EmbedRequest, pb.EmbedResponse)
+    register = rpc("RegisterSharedMemory", pb.RegisterSharedMemoryRequest,
+                   pb.RegisterSharedMemoryResponse)
+    unregister = rpc("UnregisterSharedMemory", pb.UnregisterSharedMemoryRequest,
+                     pb.UnregisterSharedMemoryResponse)
+    size = shape[0] * shape[1] * np.dtype(_NP[requests[0].dtype]).itemsize
+    regions = [SharedMemoryRegion(f"bench{k}", size) for k in range(concurrency)]
+    mine = []  # mine[k][j]: request j naming slot k's region as its output
+    for region in regions:
+        mine.append([pb.EmbedRequest() for _ in requests])
+        for m, r in zip(mine[-1], requests):
+            m.CopyFrom(r)
+            m.output.region = region.name
+
+    async def one(k: int, i: int) -> None:
+        resp = await embed(mine[k][i % len(requests)])
+        rows = rows_from_region(regions[k], resp.embeddings, resp.output, raw_bfloat16=True)
+        _check(rows, shape)  # (T, C) view of the region, no copy
+        del rows
+
+    try:
+        for region in regions:
+            await register(pb.RegisterSharedMemoryRequest(region=region.region_message()))
+        await _closed_loops(window, concurrency, one)
+    finally:
+        await unregister(pb.UnregisterSharedMemoryRequest(name=""))
+        for region in regions:
+            region.close()
+
+
+async def grpc_load(window: Window, target: str, mode: str, requests: list[pb.EmbedRequest],
+                    concurrency: int, shape: tuple[int, int], naive: bool = False) -> None:
+    """Drive ``target`` in ``mode`` (unary, stream, oip, shm) until the window ends; the
+    naive baseline answers ``unary`` and ``stream`` with its own reply message."""
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    async with grpc.aio.insecure_channel(target, options=options) as channel:
+        await asyncio.wait_for(channel.channel_ready(), timeout=30)
+        if mode == "shm":
+            await _shm(channel, requests, concurrency, shape, window)
+            return
+        prefix: str = _EMBED
+        parse: Callable[[bytes], Any] = pb.EmbedResponse.FromString
+        decode: Callable[[Any], np.ndarray] = _tensor
+        if naive:
+            prefix, parse, decode = f"/{SERVICE_NAME}/", NaiveResponse.FromString, decode_naive
+        if mode == "stream":
+            await _stream(channel, prefix + "EmbedStream", parse, decode, requests,
+                          concurrency, shape, window)
+            return
+        if mode == "oip":
+            calls: list[Any] = [_oip_request(r) for r in requests]
+            decode = _oip_rows
+            call = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=oip.ModelInferRequest.SerializeToString,
+                response_deserializer=oip.ModelInferResponse.FromString)
+        else:
+            calls = list(requests)
+            call = channel.unary_unary(prefix + "Embed",
+                                       request_serializer=pb.EmbedRequest.SerializeToString,
+                                       response_deserializer=parse)
+
+        async def one(k: int, i: int) -> None:
+            _check(decode(await call(calls[i % len(calls)])), shape)
+
+        await _closed_loops(window, concurrency, one)
+
+
+async def http_load(window: Window, url: str, body: bytes, concurrency: int,
+                    min_bytes: int) -> None:
+    """``concurrency`` keep-alive clients POSTing ``body`` to ``url``; each answer must be
+    200 with at least ``min_bytes`` bytes."""
+    import aiohttp  # the REST client: only the REST cells need it
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one(k: int, i: int) -> None:
+            async with session.post(url, data=body) as response:
+                data = await response.read()
+            if response.status != 200 or len(data) < min_bytes:
+                raise RuntimeError(f"{url}: HTTP {response.status}, {len(data)} bytes: "
+                                   f"{data[:300]!r}")
+
+        await _closed_loops(window, concurrency, one)

@@ -1,0 +1,71 @@
+"""The transport ceilings: what grpc.aio and aiohttp in Python can move, with no lookup, no
+encoding and no copy of our own. The service can approach them, not pass them.
+
+gRPC (``Embed``, ``EmbedStream``): the reply for each (T, dtype) is a real
+``EmbedResponse`` of the service's size, serialized once; the handler only parses the
+request and hands gRPC the bytes. REST (``POST /<cell>``): the request body is read, as
+the service reads it, and the answer is the service's own response for that cell
+(captured from it: same size, same headers).
+
+    python -m bench.servers.ceiling --port N --dim C [--http-port M --captured DIR]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from aiohttp import web
+
+from bench.servers.host import Captured, reference_args, reply_handler, serve_forever
+from genproto.embedding.v1 import embedding_pb2 as pb
+
+__all__ = ["CeilingPayloads", "main"]
+
+_ITEMSIZE: dict[int, int] = {pb.DTYPE_FLOAT32: 4, pb.DTYPE_FLOAT16: 2, pb.DTYPE_BFLOAT16: 2}
+
+
+class CeilingPayloads:
+    """Serialized EmbedResponses keyed by (T, dtype), built on first use."""
+
+    def __init__(self, dim: int, seed: int = 0) -> None:
+        self.dim = dim
+        self._rng = np.random.default_rng(seed)
+        self._cache: dict[tuple[int, int], bytes] = {}
+
+    def reply(self, request: pb.EmbedRequest) -> bytes:
+        """The precomputed reply matching ``request``'s T and dtype."""
+        key = (len(request.token_ids.ids), int(request.dtype))
+        payload = self._cache.get(key)
+        if payload is None:
+            T, dtype = key
+            data = self._rng.bytes(T * self.dim * _ITEMSIZE[dtype])
+            # The fields the service fills, so the sizes match to a few bytes.
+            resp = pb.EmbedResponse(
+                embeddings=pb.Tensor(shape=[T, self.dim], dtype=dtype,  # type: ignore[arg-type]
+                                     data=data),
+                token_ids=list(range(T)), model="bench", version=1, checkpoint_id="0" * 64,
+                timing=pb.Timing(queue_ns=1, tokenize_ns=1, compute_ns=1, total_ns=1))
+            payload = self._cache[key] = resp.SerializeToString()
+        return payload
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Serve until SIGTERM."""
+    args = reference_args("python -m bench.servers.ceiling", argv)
+    payloads = CeilingPayloads(args.dim)
+    captured = Captured(args.captured) if args.captured else None
+
+    async def rest(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()
+        assert captured is not None
+        cell = captured.get(request.path)
+        return web.Response(body=cell.body, headers=cell.headers)
+
+    serve_forever("ceiling", args.port, [reply_handler("embedding.v1.EmbeddingService",
+                                                       payloads.reply)],
+                  args.http_port, rest if captured else None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""The lookup floors: a server doing the one piece of work no embedding service can skip, the
+lookup, and nothing else (no validation, admission, batching, metrics or frame), over each
+transport the service has. What it sustains is the most a service doing that lookup on that
+transport can reach, measured in the same run as the service.
+
+The lookup is the service's own: the checkpoint's tables in ``EmbeddingTables`` and
+``embed_into`` writing each request's rows (token + position rows added in fp32, rounded
+once into the wire dtype) into a reply allocated at its final size, uninitialised, as the
+service allocates its replies; on the event loop, one request at a time.
+
+- gRPC ``Embed`` and ``EmbedStream``: the ids parsed by grpc.aio, as the service's are; the
+  rows go into an ``EmbedResponse`` laid out like the ceiling's (the same fields and size).
+  A request naming a region registered with ``RegisterSharedMemory`` (mapped here) gets its
+  rows written into the region and a reply without them.
+- REST ``POST /<cell>``: the body read, not parsed; the cell's rows go into a body laid
+  out as the service's own response for that cell (captured, as the ceiling's), checked
+  against it byte for byte on first use: a floor answering other bytes would measure
+  something else, so it answers 500 saying so.
+
+    python -m bench.servers.floor --port N --checkpoint MODELS/bench/1 \\
+        [--http-port M --captured DIR]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+from aiohttp import web
+
+from bench.servers.host import Captured, HttpHandler, reference_args, reply_handler, serve_forever
+from genproto.embedding.v1 import embedding_pb2 as pb
+
+__all__ = ["Lookup", "main"]
+
+_WIRE: dict[int, torch.dtype] = {pb.DTYPE_FLOAT32: torch.float32,
+                                 pb.DTYPE_FLOAT16: torch.float16,
+                                 pb.DTYPE_BFLOAT16: torch.bfloat16}
+_REST_WIRE = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16, "BF16": pb.DTYPE_BFLOAT16}
+_api = ctypes.pythonapi
+_api.PyBytes_FromStringAndSize.restype = ctypes.py_object
+_api.PyBytes_FromStringAndSize.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_api.PyBytes_AsString.restype = ctypes.c_void_p
+_api.PyBytes_AsString.argtypes = (ctypes.py_object,)
+_api.PyMemoryView_FromMemory.restype = ctypes.py_object
+_api.PyMemoryView_FromMemory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+
+
+class Lookup:
+    """The checkpoint's tables and the service's lookup into a reply of any layout."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        # The service's two pieces this floor cannot do without: the checkpoint reader and
+        # the engine's tables (their one-pass lookup). Nothing else of it is imported.
+        from service.engine.tables import EmbeddingTables
+        from service.format.checkpoint import read_checkpoint
+
+        torch.set_num_threads(1)  # the service's default --torch-threads
+        ckpt = read_checkpoint(checkpoint)
+        self.tables = EmbeddingTables(ckpt.token_table, ckpt.position_table,
+                                      torch.device("cpu"))
+        self.dim = self.tables.dim
+
+    def into(self, rows: torch.Tensor, ids: Sequence[int], start: int) -> None:
+        """``rows`` (T, C) = token rows of ``ids`` + position rows from ``start``."""
+        index = torch.from_numpy(np.fromiter(ids, np.int64, len(ids)))  # (T,)
+        self.tables.embed_into([(index, [(start, len(ids))], rows)], pb.COMPOSE_TOKEN_PLUS_POSITION)
+
+    def reply(self, prefix: bytes, ids: Sequence[int], start: int, dtype: torch.dtype,
+              suffix: bytes) -> bytes:
+        """A new ``prefix | rows | suffix``, the rows written in place."""
+        nbytes = len(ids) * self.dim * dtype.itemsize
+        data = _api.PyBytes_FromStringAndSize(None, len(prefix) + nbytes + len(suffix))
+        at = _api.PyBytes_AsString(data)  # ours alone until returned: never shared
+        ctypes.memmove(at, prefix, len(prefix))
+        ctypes.memmove(at + len(prefix) + nbytes, suffix, len(suffix))
+        view = _api.PyMemoryView_FromMemory(at + len(prefix), nbytes, 0x200)  # PyBUF_WRITE
+        self.into(torch.frombuffer(view, dtype=dtype).view(len(ids), self.dim), ids, start)
+        return data
+
+
+class GrpcFloor:
+    """``Embed``/``EmbedStream`` replies and shared-memory regions, for ``Lookup``."""
+
+    def __init__(self, lookup: Lookup) -> None:
+        self.lookup = lookup
+        self._layouts: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+        self._regions: dict[str, tuple[mmap.mmap, int]] = {}
+
+    def _layout(self, T: int, dtype: int) -> tuple[bytes, bytes]:
+        """What comes before and after the rows in the ceiling's reply for (T, dtype)."""
+        layout = self._layouts.get((T, dtype))
+        if layout is None:
+            nbytes = T * self.lookup.dim * _WIRE[dtype].itemsize
+            fields = pb.EmbedResponse(token_ids=range(T), model="bench", version=1,
+                                      checkpoint_id="0" * 64, timing=pb.Timing(
+                                          queue_ns=1, tokenize_ns=1, compute_ns=1, total_ns=1))
+            whole = pb.EmbedResponse(embeddings=pb.Tensor(
+                shape=[T, self.lookup.dim], dtype=dtype,  # type: ignore[arg-type]
+                data=bytes(nbytes)))
+            whole.MergeFrom(fields)
+            suffix = fields.SerializeToString()  # field 1, the tensor (data last), comes first
+            head = whole.SerializeToString()[:-len(suffix) - nbytes]
+            layout = self._layouts[(T, dtype)] = (head, suffix)
+        return layout
+
+    def reply(self, request: pb.EmbedRequest) -> bytes:
+        """The reply to an ``Embed`` (one message of ``EmbedStream``)."""
+        ids, dtype = request.token_ids.ids, int(request.dtype)
+        if request.output.region:
+            return self._into_region(request, ids, dtype)
+        head, suffix = self._layout(len(ids), dtype)
+        return self.lookup.reply(head, ids, request.start_position, _WIRE[dtype], suffix)
+
+    def _into_region(self, request: pb.EmbedRequest, ids: Sequence[int], dtype: int) -> bytes:
+        mapping, base = self._regions[request.output.region]
+        wire, T, C = _WIRE[dtype], len(ids), self.lookup.dim
+        rows = torch.frombuffer(mapping, dtype=wire, count=T * C,
+                                offset=base + request.output.offset).view(T, C)
+        self.lookup.into(rows, ids, request.start_position)
+        del rows  # no export of the mapping may outlive the call
+        return pb.EmbedResponse(
+            embeddings=pb.Tensor(shape=[T, C], dtype=dtype),  # type: ignore[arg-type]
+            output=pb.SharedMemoryRange(region=request.output.region,
+                                        offset=request.output.offset,
+                                        byte_size=T * C * wire.itemsize)).SerializeToString()
+
+    def register(self, request: pb.RegisterSharedMemoryRequest, context: Any
+                 ) -> pb.RegisterSharedMemoryResponse:
+        """Map the region's object (MAP_SHARED) from its offset."""
+        r = request.region
+        fd = os.open(f"/dev/shm/{r.key.lstrip('/')}", os.O_RDWR)
+        try:
+            self._regions[r.name] = (mmap.mmap(fd, r.offset + r.byte_size), r.offset)
+        finally:
+            os.close(fd)
+        return pb.RegisterSharedMemoryResponse()
+
+    def unregister(self, request: pb.UnregisterSharedMemoryRequest, context: Any
+                   ) -> pb.UnregisterSharedMemoryResponse:
+        """Unmap one region (every region for an empty name)."""
+        for name in [request.name] if request.name else list(self._regions):
+            self._regions.pop(name)[0].close()
+        return pb.UnregisterSharedMemoryResponse()
+
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        """Embed, EmbedStream and the two shared-memory RPCs of embedding.v1."""
+        service = "embedding.v1.EmbeddingService"
+        shm = grpc.method_handlers_generic_handler(service, {
+            "RegisterSharedMemory": grpc.unary_unary_rpc_method_handler(
+                self.register, request_deserializer=pb.RegisterSharedMemoryRequest.FromString,
+                response_serializer=pb.RegisterSharedMemoryResponse.SerializeToString),
+            "UnregisterSharedMemory": grpc.unary_unary_rpc_method_handler(
+                self.unregister,
+                request_deserializer=pb.UnregisterSharedMemoryRequest.FromString,
+                response_serializer=pb.UnregisterSharedMemoryResponse.SerializeToString)})
+        return [reply_handler(service, self.reply), shm]
+
+
+def rest_handler(lookup: Lookup, captured: Captured) -> HttpHandler:
+    """``POST /<cell>``: the cell's rows in the service's own response layout."""
+    plans: dict[str, tuple[bytes, list[int], torch.dtype, bytes, dict[str, str]] | str] = {}
+
+    def plan(path: str) -> tuple[bytes, list[int], torch.dtype, bytes, dict[str, str]] | str:
+        cell = captured.get(path)
+        head = int(cell.headers["Inference-Header-Content-Length"])
+        dtype = _WIRE[_REST_WIRE[cell.datatype]]
+        end = head + len(cell.ids) * lookup.dim * dtype.itemsize
+        out = (cell.body[:head], cell.ids, dtype, cell.body[end:], cell.headers)
+        if lookup.reply(out[0], out[1], 0, out[2], out[3]) != cell.body:
+            return f"floor: {path} differs from the service's response"
+        return out
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()
+        p = plans.get(request.path) or plans.setdefault(request.path, plan(request.path))
+        if isinstance(p, str):
+            return web.Response(status=500, text=p)
+        prefix, ids, dtype, suffix, headers = p
+        return web.Response(body=lookup.reply(prefix, ids, 0, dtype, suffix), headers=headers)
+
+    return handle
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Load the tables, then serve until SIGTERM."""
+    args = reference_args("python -m bench.servers.floor", argv)
+    lookup = Lookup(args.checkpoint)
+    rest = rest_handler(lookup, Captured(args.captured)) if args.captured else None
+    serve_forever("floor", args.port, GrpcFloor(lookup).handlers(), args.http_port, rest)
+
+
+if __name__ == "__main__":
+    main()
