@@ -126,7 +126,7 @@ class EmbeddingClient(_Channel, CudaCalls):
         the server writes the rows there (at ``shm_offset``) and ``array`` is a view of it.
         ``cuda_region``: a registered client.cuda_shm.CudaSharedMemoryRegion; the server's
         device writes the rows there (at ``cuda_offset``) and the answer is a CudaEmbedding
-        whose ``tensor`` is a view of it on its GPU (needs torch).
+        whose ``rows`` are a view of it on its GPU (``torch.from_dlpack(e.rows)``).
         """
         request = _placed(embed_request(text, ids, **options), shm, shm_offset, cuda_region,
                           cuda_offset)

@@ -4,17 +4,17 @@
             EmbeddingClient() as client:
         client.register_cuda_shared_memory(region)
         e = client.embed("hello world", cuda_region=region)
-        e.tensor        # (T, C) torch tensor on cuda:0: a view of the region, no host copy
+        x = torch.from_dlpack(e.rows)   # (T, C) on cuda:0: a view of the region, no copy
         client.unregister_cuda_shared_memory(region.name)
 
 The region is a ``cudaMalloc`` allocation of this process, exported with
 ``cudaIpcGetMemHandle``; the server (on the same node, tables on a GPU) opens the handle and
 its device writes the rows straight into it, and answers once they are there. The CUDA
 runtime is called through ctypes (the copy torch loaded when torch is imported first, else
-``libcudart`` by name), so this module needs neither torch nor cuda-python to make a
-region; ``tensor``/``CudaEmbedding.tensor`` need torch (imported when first used). A tensor
-over a region is valid until the region is reused or closed: clone it to keep it. The
-allocation must outlive its registration: unregister before ``close``.
+``libcudart`` by name), so this module needs neither torch nor cuda-python; the rows are
+handed over by DLPack (client.dlpack), which torch, CuPy and JAX read without a copy. A
+tensor over a region is valid until the region is reused or closed: clone it to keep it.
+The allocation must outlive its registration: unregister before ``close``.
 """
 
 from __future__ import annotations
@@ -27,19 +27,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import grpc
 
-from client.codec import EmbeddingError, Timing
+from client.codec import DTYPES, EmbeddingError, Timing
+from client.dlpack import DeviceRows
+from client.grammar import enum_value
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["CudaEmbedding", "CudaSharedMemoryRegion", "cuda_runtime", "rows_from_cuda_region"]
 
 HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 _RUNTIME_NAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0")
-_TORCH_DTYPES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_FLOAT16: "float16",
-                 pb.DTYPE_BFLOAT16: "bfloat16"}
+_ITEMSIZE = {pb.DTYPE_FLOAT32: 4, pb.DTYPE_FLOAT16: 2, pb.DTYPE_BFLOAT16: 2}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 @functools.cache
@@ -102,27 +103,21 @@ class CudaSharedMemoryRegion:
         return pb.CudaSharedMemoryRegion(name=self.name, raw_handle=self.raw_handle,
                                          device_id=self.device_id, byte_size=self.byte_size)
 
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The whole region as bytes (torch.as_tensor, CuPy and Numba read it, no copy)."""
-        return {"shape": (self.byte_size,), "typestr": "|u1", "data": (self.address, False),
-                "version": 2}
-
-    def tensor(self, dtype: str, shape: Sequence[int], offset: int = 0) -> Any:
-        """``shape`` elements of ``dtype`` ("float32" | "float16" | "bfloat16", or any torch
-        dtype name) at ``offset``: a torch tensor over the region, on its device, no copy."""
-        import torch  # only here: the client itself never needs torch
-
-        torch_dtype = getattr(torch, dtype)
+    def rows(self, dtype: str | int, shape: Sequence[int], offset: int = 0) -> DeviceRows:
+        """``shape`` elements of ``dtype`` ("float32" | "float16" | "bfloat16", or a
+        pb.DType) at ``offset`` of the region, for ``torch.from_dlpack`` (no copy)."""
+        wire = enum_value("dtype", dtype)
+        if wire not in _ITEMSIZE:
+            raise ValueError(f"dtype {dtype}: expected one of {', '.join(DTYPES)}")
         count = 1
         for n in shape:
             count *= int(n)
-        nbytes = count * torch_dtype.itemsize
-        if offset < 0 or offset + nbytes > self.byte_size or offset % torch_dtype.itemsize:
-            raise ValueError(f"{nbytes} bytes of {dtype} at offset {offset} do not fit region "
-                             f"{self.name!r} ({self.byte_size} bytes, aligned offsets)")
-        data = torch.as_tensor(self, device=torch.device("cuda", self.device_id))  # (size,)
-        return data[offset: offset + nbytes].view(torch_dtype).view(*shape)
+        size = _ITEMSIZE[wire]
+        if offset < 0 or offset + count * size > self.byte_size or offset % size:
+            raise ValueError(f"{count * size} bytes of {_DTYPE_NAMES[wire]} at offset "
+                             f"{offset} do not fit region {self.name!r} ({self.byte_size} "
+                             f"bytes; the offset a multiple of {size})")
+        return DeviceRows(self.address + offset, wire, shape, self.device_id, self)
 
     def close(self) -> None:
         """Free the allocation (tensors over it must be gone; unregister it first)."""
@@ -156,7 +151,7 @@ def _on_device(lib: ctypes.CDLL, device: int) -> Iterator[None]:
 class CudaEmbedding:
     """One sequence's input embeddings in a CUDA region, and what the server says about them."""
 
-    tensor: Any  # torch.Tensor (T, C) on the region's device: a view of the region
+    rows: DeviceRows  # (T, C) in the region, on its GPU: torch.from_dlpack(rows), no copy
     region: str
     offset: int  # bytes into the region where the rows start
     byte_size: int
@@ -174,22 +169,22 @@ class CudaEmbedding:
 
 def rows_from_cuda_region(region: CudaSharedMemoryRegion, resp: pb.EmbedResponse
                           ) -> CudaEmbedding:
-    """An Embed answer whose rows the server wrote into ``region``, with them as a tensor."""
+    """An Embed answer whose rows the server wrote into ``region``, with them as DLPack rows."""
     placed, tensor = resp.output, resp.embeddings
-    dtype = _TORCH_DTYPES.get(tensor.dtype)
     shape = [int(d) for d in tensor.shape]
-    if not placed.cuda or placed.region != region.name or dtype is None:
+    count = 1
+    for n in shape:
+        count *= n
+    if (not placed.cuda or placed.region != region.name or tensor.dtype not in _ITEMSIZE
+            or count * _ITEMSIZE[tensor.dtype] != placed.byte_size):
         raise EmbeddingError(grpc.StatusCode.INTERNAL,
-                             f"server placed the rows in {placed.region!r} (cuda="
-                             f"{placed.cuda}); this region is {region.name!r}")
-    rows = region.tensor(dtype, shape, placed.offset)  # (T, C), on the device
-    if rows.numel() * rows.element_size() != placed.byte_size:
-        raise EmbeddingError(grpc.StatusCode.INTERNAL,
-                             f"server placed {placed.byte_size} bytes for shape {shape} {dtype}")
+                             f"server placed {placed.byte_size} bytes for shape {shape} in "
+                             f"{placed.region!r} (cuda={placed.cuda}); this region is "
+                             f"{region.name!r}")
     t = resp.timing
-    return CudaEmbedding(rows, placed.region, placed.offset, placed.byte_size,
-                         list(resp.token_ids), resp.start_position, resp.model, resp.version,
-                         resp.checkpoint_id, resp.truncated_tokens,
-                         list(resp.untrained_token_indices),
+    return CudaEmbedding(region.rows(tensor.dtype, shape, placed.offset), placed.region,
+                         placed.offset, placed.byte_size, list(resp.token_ids),
+                         resp.start_position, resp.model, resp.version, resp.checkpoint_id,
+                         resp.truncated_tokens, list(resp.untrained_token_indices),
                          Timing(t.queue_ns, t.tokenize_ns, t.compute_ns, t.total_ns),
-                         resp.request_id, dtype)
+                         resp.request_id, _DTYPE_NAMES[tensor.dtype])
