@@ -2,78 +2,107 @@
 
 torch has no public call that opens a raw handle (its own IPC, ``torch.multiprocessing``,
 passes handles of its caching allocator with a reference-counting file beside them), so the
-CUDA runtime is called here through ctypes: ``cudaIpcOpenMemHandle`` maps the allocation
-into this process, the driver's ``cuMemGetAddressRange`` says how large it really is (a
-registration may not claim more), and ``cudaIpcCloseMemHandle`` unmaps it when the last
-holder lets go. The mapping is wrapped as a uint8 torch tensor on its device through the
-``__cuda_array_interface__`` protocol, which torch reads without a copy; every tensor over
-it holds the mapping, so it is never closed under a view.
-
-The runtime is the one torch loaded (found in the process's own mappings), so the device
-this thread has current and the errors it reports are torch's too; a failed call's error is
-cleared before torch can see it.
+CUDA driver (``libcuda.so.1``, present wherever a GPU is usable, whatever runtime torch was
+built with) is called through ctypes, in the device's primary context, the one torch's
+kernels run in: ``cuIpcOpenMemHandle`` maps the allocation into this process,
+``cuMemGetAddressRange`` says how large it really is (a registration may not claim more),
+and ``cuIpcCloseMemHandle`` unmaps it when the last holder lets go. The mapping is wrapped
+as a uint8 torch tensor on its device through the ``__cuda_array_interface__`` protocol,
+which torch reads without a copy; every tensor over it holds the mapping, so it is never
+closed under a view. A runtime handle (``cudaIpcGetMemHandle``) and a driver handle
+(``cuIpcGetMemHandle``) are the same 64 bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 import threading
-from pathlib import Path
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from service.errors import FailedPrecondition, InvalidArgument
 
-__all__ = ["HANDLE_BYTES", "IpcMapping", "open_handle"]
+__all__ = ["HANDLE_BYTES", "Driver", "IpcMapping", "open_handle", "open_with"]
 
-HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t): CUDA_IPC_HANDLE_SIZE
-_LAZY_PEER_ACCESS = 0x1  # cudaIpcMemLazyEnablePeerAccess: the allocation may be on another GPU
-_RUNTIME_NAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0")
+HANDLE_BYTES = 64  # sizeof(CUipcMemHandle) = sizeof(cudaIpcMemHandle_t)
+_LAZY_PEER_ACCESS = 0x1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: the memory may be on another GPU
 
 
 class _Handle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_char * HANDLE_BYTES)]
 
 
-@functools.cache
-def _runtime() -> ctypes.CDLL:
-    """libcudart: the copy torch loaded, else the first found by name."""
-    torch.cuda.init()
-    paths = [line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-             if "/libcudart" in line]
-    found = ctypes.util.find_library("cudart")
-    for name in [*dict.fromkeys(paths), *_RUNTIME_NAMES, *([found] if found else [])]:
+def _symbol(lib: ctypes.CDLL, *names: str) -> Any:
+    for name in names:  # the versioned entry point first, as cuda.h maps it
+        with contextlib.suppress(AttributeError):
+            return getattr(lib, name)
+    raise FailedPrecondition(f"the CUDA driver has none of {', '.join(names)}")
+
+
+class Driver:
+    """The few driver entry points used here, typed (``lib``: libcuda.so.1)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, u64 = ctypes.POINTER, ctypes.c_uint64
+        self.init = lib.cuInit
+        self.device_get = lib.cuDeviceGet
+        self.device_get.argtypes = (ptr(ctypes.c_int), ctypes.c_int)
+        self.retain = lib.cuDevicePrimaryCtxRetain
+        self.retain.argtypes = (ptr(ctypes.c_void_p), ctypes.c_int)
+        self.push = _symbol(lib, "cuCtxPushCurrent_v2", "cuCtxPushCurrent")
+        self.push.argtypes = (ctypes.c_void_p,)
+        self.pop = _symbol(lib, "cuCtxPopCurrent_v2", "cuCtxPopCurrent")
+        self.pop.argtypes = (ptr(ctypes.c_void_p),)
+        self.open = _symbol(lib, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle")
+        self.open.argtypes = (ptr(u64), _Handle, ctypes.c_uint)
+        self.close = lib.cuIpcCloseMemHandle
+        self.close.argtypes = (u64,)
+        self.address_range = _symbol(lib, "cuMemGetAddressRange_v2", "cuMemGetAddressRange")
+        self.address_range.argtypes = (ptr(u64), ptr(ctypes.c_size_t), u64)
+        self.error_name = lib.cuGetErrorName
+        self.error_name.argtypes = (ctypes.c_int, ptr(ctypes.c_char_p))
+        self._contexts: dict[int, ctypes.c_void_p] = {}
+        self.init(0)
+
+    def error(self, code: int) -> str:
+        """CUDA_ERROR_... for a result code."""
+        name = ctypes.c_char_p()
+        self.error_name(code, ctypes.byref(name))
+        return (name.value or b"CUDA_ERROR").decode()
+
+    @contextlib.contextmanager
+    def on(self, device: int) -> Iterator[None]:
+        """GPU ``device``'s primary context (torch's) current for the block."""
+        ctx = self._contexts.get(device)
+        if ctx is None:  # retained for the process's life: torch holds it as long
+            dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+            for code in (self.device_get(ctypes.byref(dev), device),
+                         self.retain(ctypes.byref(ctx), dev)):
+                if code != 0:
+                    raise FailedPrecondition(f"CUDA device {device}: {self.error(code)}")
+            self._contexts[device] = ctx
+        code = self.push(ctx)
+        if code != 0:
+            raise FailedPrecondition(f"CUDA device {device}: {self.error(code)}")
         try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        lib.cudaIpcOpenMemHandle.argtypes = (ctypes.POINTER(ctypes.c_void_p), _Handle,
-                                             ctypes.c_uint)
-        lib.cudaIpcCloseMemHandle.argtypes = (ctypes.c_void_p,)
-        lib.cudaSetDevice.argtypes = (ctypes.c_int,)
-        lib.cudaGetErrorName.restype = ctypes.c_char_p
-        lib.cudaGetErrorString.restype = ctypes.c_char_p
-        return lib
-    raise FailedPrecondition("CUDA shared memory: no CUDA runtime library (libcudart) can be "
-                             "loaded in this server")
+            yield
+        finally:
+            self.pop(ctypes.byref(ctypes.c_void_p()))
 
 
 @functools.cache
-def _driver() -> ctypes.CDLL:
-    lib = ctypes.CDLL("libcuda.so.1")  # present wherever a CUDA device is usable
-    lib.cuMemGetAddressRange_v2.argtypes = (ctypes.POINTER(ctypes.c_uint64),
-                                            ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64)
-    return lib
-
-
-def _error(lib: ctypes.CDLL, code: int) -> str:
-    lib.cudaGetLastError()  # a failed IPC call must not surface in torch's next check
-    name = lib.cudaGetErrorName(code) or b"cudaError"
-    text = lib.cudaGetErrorString(code) or b""
-    return f"{name.decode()} ({text.decode()})"
+def _driver() -> Driver:
+    torch.cuda.init()  # the runtime's context first: the driver's calls run in it
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise FailedPrecondition("CUDA shared memory: the CUDA driver (libcuda.so.1) cannot "
+                                 "be loaded in this server") from None
+    return Driver(lib)
 
 
 class IpcMapping:
@@ -81,9 +110,10 @@ class IpcMapping:
     the last holder (a registered region, a request writing into it, a tensor over it)
     drops it."""
 
-    __slots__ = ("__weakref__", "address", "device", "size")
+    __slots__ = ("__weakref__", "address", "device", "driver", "size")
 
-    def __init__(self, address: int, device: int, size: int) -> None:
+    def __init__(self, driver: Driver, address: int, device: int, size: int) -> None:
+        self.driver = driver
         self.address, self.device, self.size = address, device, size
 
     @property
@@ -99,12 +129,9 @@ class IpcMapping:
     def __del__(self) -> None:
         # At interpreter shutdown torch may be gone: the process unmaps it anyway.
         with contextlib.suppress(Exception):
-            lib = _runtime()
-            with torch.cuda.device(self.device):
-                lib.cudaSetDevice(self.device)
-                torch.cuda.synchronize(self.device)  # nothing of ours still writes into it
-                if lib.cudaIpcCloseMemHandle(ctypes.c_void_p(self.address)) != 0:
-                    lib.cudaGetLastError()
+            torch.cuda.synchronize(self.device)  # nothing of ours still writes into it
+        with contextlib.suppress(Exception), self.driver.on(self.device):
+            self.driver.close(self.address)
 
 
 _OPEN_LOCK = threading.Lock()
@@ -118,22 +145,26 @@ def open_handle(raw: bytes, device: int, byte_size: int, field: str = "raw_handl
     if device >= count:
         raise InvalidArgument(f"device_id={device}: this server sees {count} CUDA device(s) "
                               f"(0..{count - 1})")
-    lib = _runtime()
-    pointer = ctypes.c_void_p()
-    with _OPEN_LOCK, torch.cuda.device(device):
-        lib.cudaSetDevice(device)
-        code = lib.cudaIpcOpenMemHandle(ctypes.byref(pointer), _Handle(raw), _LAZY_PEER_ACCESS)
+    return open_with(_driver(), raw, device, byte_size, field)
+
+
+def open_with(driver: Driver, raw: bytes, device: int, byte_size: int,
+              field: str = "raw_handle") -> IpcMapping:
+    """``open_handle`` through ``driver``."""
+    address = ctypes.c_uint64()
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    handle = _Handle.from_buffer_copy(raw)  # every byte: a handle holds zeros too
+    with _OPEN_LOCK, driver.on(device):
+        code = driver.open(ctypes.byref(address), handle, _LAZY_PEER_ACCESS)
         if code != 0:
-            raise InvalidArgument(f"{field}: cudaIpcOpenMemHandle on device {device} "
-                                  f"refused it: {_error(lib, code)}; a handle comes from "
+            raise InvalidArgument(f"{field}: cuIpcOpenMemHandle on device {device} refused "
+                                  f"it: {driver.error(code)}; a handle comes from "
                                   f"cudaIpcGetMemHandle in another process on this node")
-        address = int(pointer.value or 0)
-        base, size = ctypes.c_uint64(), ctypes.c_size_t()
-        if _driver().cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
-                                             address) != 0:
-            size.value, base.value = 0, address  # unknown: refused below as too small
-    mapping = IpcMapping(address, device, int(size.value) - (address - int(base.value)))
-    if byte_size > mapping.size:
+        if driver.address_range(ctypes.byref(base), ctypes.byref(size), address) != 0:
+            base.value, size.value = address.value, 0  # unknown: refused below as too small
+    mapping = IpcMapping(driver, int(address.value), device,
+                         int(size.value) - (int(address.value) - int(base.value)))
+    if byte_size > mapping.size:  # dropping the mapping closes the handle
         raise InvalidArgument(f"byte_size={byte_size} exceeds the {mapping.size} bytes of "
                               f"the allocation {field} names")
     return mapping

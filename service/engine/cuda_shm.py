@@ -23,7 +23,7 @@ host memory. This module is the registry (names, tenancy, bounds), beside the ho
   device stores whole elements). Registrations are capped per identity and in all.
 
 Unregistering drops the registry's reference only: a request in flight holds its region and
-the mapping is closed (``cudaIpcCloseMemHandle``) after it.
+the mapping is closed (``cuIpcCloseMemHandle``) after it.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def parse_handle(raw: bytes, device_id: int, byte_size: int, name: str) -> bytes
 
 class CudaSharedMemoryRegistry:
     """Registered CUDA regions by (owner, name); used from the event loop and the compute
-    thread. ``device`` is where the tables are; ``opener`` opens a handle (the CUDA runtime's
+    thread. ``device`` is where the tables are; ``opener`` opens a handle (the CUDA driver's
     IPC, ``cuda_ipc.open_handle``)."""
 
     def __init__(self, device: torch.device, host: SharedMemoryRegistry | None = None,

@@ -11,14 +11,17 @@ gpu-marked tests.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from service.engine.cuda_shm import CudaSharedMemoryRegistry
 from service.engine.shm import SharedMemoryRegistry
 
-__all__ = ["HANDLE", "HostMemory", "HostOpener", "Who", "handle", "registry"]
+__all__ = ["HANDLE", "HostMemory", "HostOpener", "Who", "fake_driver", "handle", "registry"]
 
 
 class HostMemory:
@@ -68,3 +71,15 @@ def registry(opener: HostOpener, host: SharedMemoryRegistry | None = None,
     """A registry that believes its tables are on cuda:0 and opens handles as host bytes."""
     return CudaSharedMemoryRegistry(torch.device("cuda", 0), host=host, opener=opener,
                                     **limits)
+
+
+def fake_driver(out_dir: Path) -> Path:
+    """``fake_cuda_driver.c`` built as a shared library: the driver's entry points with their
+    C signatures, for the ctypes layers' tests (see the source)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler, "a C compiler (gcc) is needed: scripts/apt_install.sh installs it"
+    out = out_dir / "libfakecuda.so"
+    source = Path(__file__).with_name("fake_cuda_driver.c")
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(out), str(source)],
+                   check=True, capture_output=True, timeout=60)
+    return out
