@@ -7,13 +7,13 @@
         x = torch.from_dlpack(e.rows)   # (T, C) on cuda:0: a view of the region, no copy
         client.unregister_cuda_shared_memory(region.name)
 
-The region is a ``cudaMalloc`` allocation of this process, exported with
-``cudaIpcGetMemHandle``; the server (on the same node, tables on a GPU) opens the handle and
-its device writes the rows straight into it, and answers once they are there. The CUDA
-runtime is called through ctypes (the copy torch loaded when torch is imported first, else
-``libcudart`` by name), so this module needs neither torch nor cuda-python; the rows are
-handed over by DLPack (client.dlpack), which torch, CuPy and JAX read without a copy. A
-tensor over a region is valid until the region is reused or closed: clone it to keep it.
+The region is device memory of this process (``cuMemAlloc``, what ``cudaMalloc`` does, in
+the GPU's primary context: torch's) exported with ``cuIpcGetMemHandle``; the server (on the
+same node, tables on a GPU) opens the handle, its device writes the rows straight into it,
+and it answers once they are there. The CUDA driver (``libcuda.so.1``) is called through
+ctypes, so this module needs neither torch, nor cuda-python, nor a CUDA runtime; the rows
+are handed over by DLPack (client.dlpack), which torch, CuPy and JAX read without a copy.
+A tensor over a region is valid until the region is reused or closed: clone it to keep it.
 The allocation must outlive its registration: unregister before ``close``.
 """
 
@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 
 import grpc
@@ -35,68 +33,92 @@ from client.dlpack import DeviceRows
 from client.grammar import enum_value
 from genproto.embedding.v1 import embedding_pb2 as pb
 
-__all__ = ["CudaEmbedding", "CudaSharedMemoryRegion", "cuda_runtime", "rows_from_cuda_region"]
+__all__ = ["CudaEmbedding", "CudaSharedMemoryRegion", "cuda_driver", "rows_from_cuda_region"]
 
-HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
-_RUNTIME_NAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0")
+HANDLE_BYTES = 64  # sizeof(CUipcMemHandle) = sizeof(cudaIpcMemHandle_t)
+_DRIVER = "libcuda.so.1"  # present wherever a GPU is usable, whatever else is installed
 _ITEMSIZE = {pb.DTYPE_FLOAT32: 4, pb.DTYPE_FLOAT16: 2, pb.DTYPE_BFLOAT16: 2}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
-@functools.cache
-def cuda_runtime() -> ctypes.CDLL:
-    """libcudart: the copy already loaded in this process (torch's), else the first found by
-    name; EmbeddingError (FAILED_PRECONDITION) when there is none."""
-    loaded = [line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-              if "/libcudart" in line]
-    found = ctypes.util.find_library("cudart")
-    for name in [*dict.fromkeys(loaded), *_RUNTIME_NAMES, *([found] if found else [])]:
+class _Driver:
+    """The CUDA driver's few entry points a region needs, in each GPU's primary context
+    (the one torch and the runtime use, so their kernels see the memory)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, u64 = ctypes.POINTER, ctypes.c_uint64
+        self.lib = lib
+        lib.cuDeviceGet.argtypes = (ptr(ctypes.c_int), ctypes.c_int)
+        lib.cuDevicePrimaryCtxRetain.argtypes = (ptr(ctypes.c_void_p), ctypes.c_int)
+        lib.cuCtxPushCurrent_v2.argtypes = (ctypes.c_void_p,)
+        lib.cuCtxPopCurrent_v2.argtypes = (ptr(ctypes.c_void_p),)
+        lib.cuMemAlloc_v2.argtypes = (ptr(u64), ctypes.c_size_t)
+        lib.cuMemFree_v2.argtypes = (u64,)
+        lib.cuIpcGetMemHandle.argtypes = (ctypes.c_char_p, u64)
+        lib.cuGetErrorName.argtypes = (ctypes.c_int, ptr(ctypes.c_char_p))
+        self._contexts: dict[int, ctypes.c_void_p] = {}
+        self.check(lib.cuInit(0), "cuInit")
+
+    def check(self, code: int, what: str) -> None:
+        """EmbeddingError (FAILED_PRECONDITION) naming the call and CUDA's error."""
+        if code != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(code, ctypes.byref(name))
+            raise EmbeddingError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"{what} failed: {(name.value or b'CUDA_ERROR').decode()}")
+
+    @contextlib.contextmanager
+    def on(self, device: int) -> Iterator[ctypes.CDLL]:
+        """GPU ``device``'s primary context current for the block."""
+        ctx = self._contexts.get(device)
+        if ctx is None:  # retained for the process's life, as torch retains it
+            dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+            self.check(self.lib.cuDeviceGet(ctypes.byref(dev), device),
+                       f"cuDeviceGet({device})")
+            self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
+                       f"cuDevicePrimaryCtxRetain({device})")
+            self._contexts[device] = ctx
+        self.check(self.lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
         try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        lib.cudaMalloc.argtypes = (ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t)
-        lib.cudaFree.argtypes = (ctypes.c_void_p,)
-        lib.cudaIpcGetMemHandle.argtypes = (ctypes.c_char_p, ctypes.c_void_p)
-        lib.cudaSetDevice.argtypes = (ctypes.c_int,)
-        lib.cudaGetDevice.argtypes = (ctypes.POINTER(ctypes.c_int),)
-        lib.cudaGetErrorName.restype = ctypes.c_char_p
-        return lib
-    raise EmbeddingError(grpc.StatusCode.FAILED_PRECONDITION,
-                         "CUDA shared memory needs the CUDA runtime (libcudart), and none can "
-                         "be loaded here: install a CUDA build of torch, or the "
-                         "nvidia-cuda-runtime wheel, on a machine with a GPU")
+            yield self.lib
+        finally:
+            self.lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
 
-def _check(lib: ctypes.CDLL, code: int, what: str) -> None:
-    if code != 0:
-        lib.cudaGetLastError()
-        name = (lib.cudaGetErrorName(code) or b"cudaError").decode()
-        raise EmbeddingError(grpc.StatusCode.FAILED_PRECONDITION, f"{what} failed: {name}")
+@functools.cache
+def cuda_driver() -> _Driver:
+    """The CUDA driver (``libcuda.so.1``); EmbeddingError (FAILED_PRECONDITION) without."""
+    try:
+        lib = ctypes.CDLL(_DRIVER)
+    except OSError:
+        raise EmbeddingError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"CUDA shared memory needs the CUDA driver ({_DRIVER}), and it "
+                             f"cannot be loaded here: run on the GPU's node, where its "
+                             f"driver is installed") from None
+    return _Driver(lib)
 
 
 class CudaSharedMemoryRegion:
-    """``byte_size`` bytes of device memory on GPU ``device_id`` (``cudaMalloc``), exported
-    for the server; ``close`` frees it."""
+    """``byte_size`` bytes of device memory on GPU ``device_id`` (``cuMemAlloc``, as
+    ``cudaMalloc``), exported for the server; ``close`` frees it."""
 
     def __init__(self, name: str, byte_size: int, device_id: int = 0) -> None:
         if byte_size <= 0:
             raise ValueError(f"byte_size={byte_size} must be > 0")
         self.name, self.byte_size, self.device_id = name, byte_size, device_id
         self.address = 0
-        lib = cuda_runtime()
-        pointer, handle = ctypes.c_void_p(), ctypes.create_string_buffer(HANDLE_BYTES)
-        with _on_device(lib, device_id):
-            _check(lib, lib.cudaMalloc(ctypes.byref(pointer), byte_size),
-                   f"cudaMalloc of {byte_size} bytes on device {device_id}")
-            self.address = int(pointer.value or 0)
+        driver = cuda_driver()
+        pointer, handle = ctypes.c_uint64(), ctypes.create_string_buffer(HANDLE_BYTES)
+        with driver.on(device_id) as lib:
+            driver.check(lib.cuMemAlloc_v2(ctypes.byref(pointer), byte_size),
+                         f"cuMemAlloc of {byte_size} bytes on device {device_id}")
+            self.address = int(pointer.value)
             try:
-                _check(lib, lib.cudaIpcGetMemHandle(handle, ctypes.c_void_p(self.address)),
-                       "cudaIpcGetMemHandle")
+                driver.check(lib.cuIpcGetMemHandle(handle, self.address), "cuIpcGetMemHandle")
             except BaseException:
                 self.close()
                 raise
-        self.raw_handle = handle.raw  # the cudaIpcMemHandle_t's 64 bytes
+        self.raw_handle = handle.raw  # the handle's 64 bytes (cudaIpcMemHandle_t's layout)
 
     def region_message(self) -> pb.CudaSharedMemoryRegion:
         """The RegisterCudaSharedMemory body for this region."""
@@ -122,9 +144,8 @@ class CudaSharedMemoryRegion:
     def close(self) -> None:
         """Free the allocation (tensors over it must be gone; unregister it first)."""
         if self.address:
-            lib = cuda_runtime()
-            with _on_device(lib, self.device_id):
-                lib.cudaFree(ctypes.c_void_p(self.address))
+            with cuda_driver().on(self.device_id) as lib:
+                lib.cuMemFree_v2(self.address)
             self.address = 0
 
     def __enter__(self) -> CudaSharedMemoryRegion:
@@ -133,18 +154,6 @@ class CudaSharedMemoryRegion:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
-
-
-@contextlib.contextmanager
-def _on_device(lib: ctypes.CDLL, device: int) -> Iterator[None]:
-    """``device`` current for the block, the caller's device again after it."""
-    before = ctypes.c_int(0)
-    _check(lib, lib.cudaGetDevice(ctypes.byref(before)), "cudaGetDevice")
-    _check(lib, lib.cudaSetDevice(device), f"cudaSetDevice({device})")
-    try:
-        yield
-    finally:
-        lib.cudaSetDevice(before.value)
 
 
 @dataclass(frozen=True)
