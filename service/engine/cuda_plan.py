@@ -71,8 +71,9 @@ def write_rows(tables: EmbeddingTables, ids: torch.Tensor, spans: Sequence[Span]
     if tables.rules.computes:  # the family's rules, on the device, cast into out
         tables.embed_into([(ids, list(spans), out)], compose)
         return
-    idx = _INDEX.to(tables.device, ids, spans)  # (2, N)
-    if out.device != tables.device:
+    device = tables.token_table.device  # with its index: tables.device may be "cuda"
+    idx = _INDEX.to(device, ids, spans)  # (2, N)
+    if out.device != device:
         out.copy_(tables.device_rows(idx, compose, out.dtype))
         return
     token, position = tables.token_table, tables.position_table
@@ -159,7 +160,7 @@ class CudaDestination:
                 out[b, :n].copy_(packed[row: row + n])  # (n, C)
                 out[b, n:].zero_()  # (T - n, C) padding
                 row += n
-        for device in {out.device, tables.device}:
+        for device in {out.device, tables.token_table.device}:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         return True

@@ -1,5 +1,6 @@
-"""The CUDA region write (``cuda_plan``) for every family rule, dtype and compose, on CPU
-tables into host bytes: bit for bit the host path's answer from the same server. The same
+"""The CUDA region write (``cuda_plan``) for every family rule (``cuda_families``), dtype and
+compose, on CPU tables into host bytes: bit for bit the host path's answer from the same
+server. The same
 comparison with the tables on a GPU and a real CUDA region is
 test_cuda_shm_gpu.py::test_every_family_dtype_and_compose."""
 
@@ -23,7 +24,7 @@ COMPOSES = {"token+position": 0, "token": 1, "position": 2}
 @pytest.fixture(scope="module")
 def families(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     handle = start(family_repo(tmp_path_factory.mktemp("cuda-families")),
-                   default_model="gpt2", metrics_port=-1)
+                   default_model="plain", metrics_port=-1)
     yield handle
     handle.stop()
 
