@@ -23,6 +23,7 @@ from client.outputs import placed
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.server import ServerHandle
 from tests.service.engine.cuda_memory import fake_driver
+from tests.tiny_model import start
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_DRIVER = ("CUDA shared memory needs the CUDA driver (libcuda-not-here.so.1), and it cannot "
@@ -58,9 +59,17 @@ class Unallocated(CudaSharedMemoryRegion):
         self.raw_handle = bytes(range(1, 65))
 
 
+@pytest.fixture(scope="module")
+def cpu_server(tiny_repo: Path) -> Iterator[ServerHandle]:
+    """Tables on the CPU whatever EMBED_TEST_DEVICE says."""
+    handle = start(tiny_repo, device="cpu")
+    yield handle
+    handle.stop()
+
+
 @pytest.fixture
-def client(server: ServerHandle) -> Iterator[EmbeddingClient]:
-    with EmbeddingClient(server.target) as c:
+def client(cpu_server: ServerHandle) -> Iterator[EmbeddingClient]:
+    with EmbeddingClient(cpu_server.target) as c:
         yield c
 
 
@@ -100,10 +109,10 @@ def test_cpu_server_refuses_registration_and_output(client: EmbeddingClient) -> 
     assert client.embed(ids=[31373, 995]).array.shape == (2, 16)  # still serving
 
 
-def test_async_client_has_the_same_calls(server: ServerHandle) -> None:
+def test_async_client_has_the_same_calls(cpu_server: ServerHandle) -> None:
     async def run() -> list[tuple[grpc.StatusCode, str]]:
         got = []
-        async with AsyncEmbeddingClient(server.target) as c:
+        async with AsyncEmbeddingClient(cpu_server.target) as c:
             region = Unallocated("g", 4096)
             for call in (lambda: c.register_cuda_shared_memory(region),
                          lambda: c.embed(ids=[1], cuda_region=region),
