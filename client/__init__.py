@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         decode_tensor,
         embed_request,
     )
+    from client.cuda_shm import CudaEmbedding, CudaSharedMemoryRegion
 
 __all__ = [
     "COMPOSE",
@@ -36,6 +37,8 @@ __all__ = [
     "TRUNCATE",
     "AsyncEmbeddingClient",
     "BatchOptions",
+    "CudaEmbedding",
+    "CudaSharedMemoryRegion",
     "EmbedOptions",
     "Embedding",
     "EmbeddingClient",
@@ -46,7 +49,8 @@ __all__ = [
 ]
 
 _HOME = {"DEFAULT_TARGET": "client.client", "AsyncEmbeddingClient": "client.client",
-         "EmbeddingClient": "client.client"}
+         "EmbeddingClient": "client.client", "CudaEmbedding": "client.cuda_shm",
+         "CudaSharedMemoryRegion": "client.cuda_shm"}
 
 
 def __getattr__(name: str) -> Any:

@@ -9,10 +9,9 @@ retries UNAVAILABLE itself). Every failed RPC raises EmbeddingError.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, Unpack, overload
 
 import grpc
 import grpc.aio
@@ -28,8 +27,12 @@ from client.codec import (
     embed_request,
     stream_request,
 )
+from client.cuda_calls import AsyncCudaCalls, CudaCalls
+from client.cuda_shm import CudaEmbedding, CudaSharedMemoryRegion
+from client.outputs import decoded as _decoded
+from client.outputs import placed as _placed
 from client.retry import RetryPolicy
-from client.shm import SharedMemoryRegion, rows_from_region
+from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 
@@ -74,7 +77,7 @@ class _Channel:
                 "metadata": self._metadata}
 
 
-class EmbeddingClient(_Channel):
+class EmbeddingClient(_Channel, CudaCalls):
     """Blocking client over one grpc channel; a context manager (or call close())."""
 
     def __init__(self, target: str = DEFAULT_TARGET, **kwargs: Any) -> None:
@@ -99,9 +102,21 @@ class EmbeddingClient(_Channel):
         except grpc.RpcError as e:
             raise EmbeddingError.from_rpc(e) from e
 
+    @overload
     def embed(self, text: str | None = None, ids: Sequence[int] | None = None, *,
               timeout: float | None = None, shm: SharedMemoryRegion | None = None,
-              shm_offset: int = 0, **options: Unpack[EmbedOptions]) -> Embedding:
+              shm_offset: int = 0, cuda_region: None = None, cuda_offset: int = 0,
+              **options: Unpack[EmbedOptions]) -> Embedding: ...
+    @overload
+    def embed(self, text: str | None = None, ids: Sequence[int] | None = None, *,
+              timeout: float | None = None, shm: None = None, shm_offset: int = 0,
+              cuda_region: CudaSharedMemoryRegion, cuda_offset: int = 0,
+              **options: Unpack[EmbedOptions]) -> CudaEmbedding: ...
+    def embed(self, text: str | None = None, ids: Sequence[int] | None = None, *,
+              timeout: float | None = None, shm: SharedMemoryRegion | None = None,
+              shm_offset: int = 0, cuda_region: CudaSharedMemoryRegion | None = None,
+              cuda_offset: int = 0,
+              **options: Unpack[EmbedOptions]) -> Embedding | CudaEmbedding:
         """Embed one sequence (exactly one of text or ids): Embedding.array is (T, C).
 
         options: model, version, start_position, compose ("token+position" | "token" |
@@ -109,10 +124,14 @@ class EmbeddingClient(_Channel):
         "right" | "left"), allow_special_tokens, add_special_tokens (absent: the model's
         default), request_id. ``shm``: a registered region;
         the server writes the rows there (at ``shm_offset``) and ``array`` is a view of it.
+        ``cuda_region``: a registered client.cuda_shm.CudaSharedMemoryRegion; the server's
+        device writes the rows there (at ``cuda_offset``) and the answer is a CudaEmbedding
+        whose ``rows`` are a view of it on its GPU (``torch.from_dlpack(e.rows)``).
         """
-        request = _placed(embed_request(text, ids, **options), shm, shm_offset)
+        request = _placed(embed_request(text, ids, **options), shm, shm_offset, cuda_region,
+                          cuda_offset)
         resp = self._call(self._stub.Embed, request, timeout)
-        return _decoded(resp, shm, self.raw_bfloat16)
+        return _decoded(resp, shm, self.raw_bfloat16, cuda_region)
 
     def register_shared_memory(self, region: SharedMemoryRegion, *,
                                timeout: float | None = None) -> None:
@@ -180,7 +199,7 @@ class EmbeddingClient(_Channel):
         return self._call(self._stub.GetModelInfo, req, timeout)
 
 
-class AsyncEmbeddingClient(_Channel):
+class AsyncEmbeddingClient(_Channel, AsyncCudaCalls):
     """asyncio client over one grpc.aio channel: EmbeddingClient's methods, awaited."""
 
     def __init__(self, target: str = DEFAULT_TARGET, **kwargs: Any) -> None:
@@ -206,13 +225,26 @@ class AsyncEmbeddingClient(_Channel):
         except grpc.RpcError as e:
             raise EmbeddingError.from_rpc(e) from e
 
+    @overload
     async def embed(self, text: str | None = None, ids: Sequence[int] | None = None, *,
                     timeout: float | None = None, shm: SharedMemoryRegion | None = None,
-                    shm_offset: int = 0, **options: Unpack[EmbedOptions]) -> Embedding:
+                    shm_offset: int = 0, cuda_region: None = None, cuda_offset: int = 0,
+                    **options: Unpack[EmbedOptions]) -> Embedding: ...
+    @overload
+    async def embed(self, text: str | None = None, ids: Sequence[int] | None = None, *,
+                    timeout: float | None = None, shm: None = None, shm_offset: int = 0,
+                    cuda_region: CudaSharedMemoryRegion, cuda_offset: int = 0,
+                    **options: Unpack[EmbedOptions]) -> CudaEmbedding: ...
+    async def embed(self, text: str | None = None, ids: Sequence[int] | None = None, *,
+                    timeout: float | None = None, shm: SharedMemoryRegion | None = None,
+                    shm_offset: int = 0, cuda_region: CudaSharedMemoryRegion | None = None,
+                    cuda_offset: int = 0,
+                    **options: Unpack[EmbedOptions]) -> Embedding | CudaEmbedding:
         """Embed one sequence; see EmbeddingClient.embed."""
-        request = _placed(embed_request(text, ids, **options), shm, shm_offset)
+        request = _placed(embed_request(text, ids, **options), shm, shm_offset, cuda_region,
+                          cuda_offset)
         resp = await self._call(self._stub.Embed, request, timeout)
-        return _decoded(resp, shm, self.raw_bfloat16)
+        return _decoded(resp, shm, self.raw_bfloat16, cuda_region)
 
     async def register_shared_memory(self, region: SharedMemoryRegion, *,
                                      timeout: float | None = None) -> None:
@@ -281,26 +313,3 @@ class AsyncEmbeddingClient(_Channel):
         """One model's tables, tokenizer and limits ("" = default model, 0 = newest)."""
         req = pb.GetModelInfoRequest(model=model, version=version)
         return await self._call(self._stub.GetModelInfo, req, timeout)
-
-
-def _placed(request: pb.EmbedRequest, shm: SharedMemoryRegion | None,
-            offset: int) -> pb.EmbedRequest:
-    if shm is not None:
-        request.output.CopyFrom(pb.SharedMemoryOutput(region=shm.name, offset=offset))
-    return request
-
-
-def _decoded(resp: pb.EmbedResponse, shm: SharedMemoryRegion | None,
-             raw_bfloat16: bool) -> Embedding:
-    if shm is None:
-        return decode_embedding(resp, raw_bfloat16)
-    rows = rows_from_region(shm, resp.embeddings, resp.output, raw_bfloat16)
-    return dataclasses.replace(decode_embedding(_without_rows(resp), raw_bfloat16), array=rows)
-
-
-def _without_rows(resp: pb.EmbedResponse) -> pb.EmbedResponse:
-    # decode_embedding checks data against shape; an shm response has shape and no data.
-    empty = pb.EmbedResponse()
-    empty.CopyFrom(resp)
-    empty.embeddings.shape[:] = [0, 0]
-    return empty

@@ -6,14 +6,16 @@
 #   here, once:  scripts/gpu_wheels.sh          (grpcio/protobuf wheels for the GPU image -> .whl/)
 #   there:       run(command="scripts/gpu.sh", carry=[".whl", "service/format/assets"], timeout_s=480)
 #   then, warm:  run(command="STAGES=cpubench scripts/gpu.sh", carry=[...same], timeout_s=300)
+#   CUDA shared memory (issue 39), a call of its own (3 files in $OUT):
+#                run(command="STAGES=cuda scripts/gpu.sh", carry=[...same], timeout_s=480)
 #   dry run:     DEVICE=cpu PYTHON=.venv/bin/python QUICK=1 SKIP_WHEELS=1 scripts/gpu.sh
 #
 # Env: DEVICE (cuda), PYTHON (python3 with torch), OUT (bench/results/gpu), QUICK=1 (smoke
 # sizes), SKIP_WHEELS=1 (use PYTHON's own packages), STAGES (of "tests bench gather
-# cpubench"; the first three by default), BENCH_ARGS (more `python -m bench` flags, e.g.
-# "--modes unary"), TEST_TIMEOUT / BENCH_TIMEOUT / GATHER_TIMEOUT
-# (seconds per stage). A failing stage does not stop the next one; the exit status is
-# non-zero if any stage failed.
+# cpubench cuda"; the first three by default), BENCH_ARGS (more `python -m bench` flags, e.g.
+# "--modes unary"), TEST_TIMEOUT / BENCH_TIMEOUT / GATHER_TIMEOUT / CUDA_TIMEOUT /
+# CUDA_BENCH_TIMEOUT (seconds per stage). A failing stage does not stop the next one; the
+# exit status is non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEVICE="${DEVICE:-cuda}"
@@ -97,8 +99,12 @@ tests=(tests/service/rpc tests/service/engine tests/service/test_lifecycle.py
 for t in "${tests[@]}"; do [ -e "$t" ] || { say "test path $t is gone: fix the list"; exit 2; }; done
 say "tests: ${tests[*]} ${xdist[*]} (timeout ${TEST_TIMEOUT}s)"
 # tritonclient (the Triton client's own conformance driver) and promtool are not on the image.
+# The CUDA shared-memory tests that start GPU servers of their own run in the cuda stage.
 timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider "${xdist[@]}" "${tests[@]}" \
   --ignore tests/service/rpc/oip/test_oip_triton.py \
+  --ignore tests/service/rpc/oip/test_oip_cuda_shm.py \
+  --ignore tests/service/engine/test_cuda_shm_gpu.py \
+  --ignore tests/bench/test_cuda_shm_bench.py \
   --deselect tests/service/test_lifecycle.py::test_promtool_accepts_metrics \
   >"$OUT/tests.log" 2>&1
 rc=$?; tail -3 "$OUT/tests.log"; say "tests rc=$rc"; [ $rc -eq 0 ] || status=1
@@ -131,5 +137,43 @@ fi
 # 4. (a second call, STAGES=cpubench) The same benchmark with the service on the CPU, on a
 # machine with 16 cores: the CPU targets where client and servers do not share two cores.
 has cpubench && run_bench cpu bench_cpu
+
+# 5. (a call of its own, STAGES=cuda) CUDA shared-memory output: its tests on the device (a
+# region of the test process filled by a GPU server in a child process, bit for bit the host
+# path's bytes for every dtype x compose x family rule; tenancy, bounds, REST; the example),
+# then bench.suites.cuda_shm's row: cuda vs host output at T=1024 fp32 c=16 (target >= 5x) and a
+# 16 x 1024 batch into the region against the device's copy ceiling (target >= 0.5).
+# Everything into cuda.txt, the figures into cuda_shm.json.
+if has cuda; then
+CUDA_TIMEOUT="${CUDA_TIMEOUT:-300}"
+CUDA_BENCH_TIMEOUT="${CUDA_BENCH_TIMEOUT:-180}"
+cuda_tests=(tests/service/engine/test_cuda_shm_gpu.py tests/service/engine/test_cuda_shm.py
+            tests/service/engine/test_cuda_shm_families.py tests/service/engine/test_cuda_ipc.py
+            tests/service/rpc/test_cuda_shm_native.py tests/bench/test_cuda_shm_bench.py)
+[ -n "${QUICK:-}" ] && cuda_tests=(tests/service/engine/test_cuda_shm_gpu.py)
+# Each needs a package the GPU image may lack; without it, say so rather than fail on import.
+if "$PY" -c "import transformers" 2>/dev/null; then
+  cuda_tests+=(tests/examples/test_cuda_inputs_embeds.py)
+else
+  say "cuda: tests/examples/test_cuda_inputs_embeds.py left out: no transformers on this image"
+fi
+if "$PY" -c "import tritonclient.grpc" 2>/dev/null; then
+  cuda_tests+=(tests/service/rpc/oip/test_oip_cuda_shm.py)
+else
+  say "cuda: tests/service/rpc/oip/test_oip_cuda_shm.py left out: no tritonclient on this image"
+fi
+for t in "${cuda_tests[@]}"; do [ -e "$t" ] || { say "test path $t is gone: fix the list"; exit 2; }; done
+say "cuda tests: ${cuda_tests[*]} (timeout ${CUDA_TIMEOUT}s)"
+timeout "$CUDA_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider -rs "${cuda_tests[@]}" \
+  >"$WORK/cuda_tests.log" 2>&1
+rc=$?; tail -40 "$WORK/cuda_tests.log" >"$OUT/cuda.txt"; tail -3 "$WORK/cuda_tests.log"
+say "cuda tests rc=$rc"; [ $rc -eq 0 ] || status=1
+cuda_bench=()
+[ -n "${QUICK:-}" ] && cuda_bench=(--tokens 64 --batch 2 --concurrency 2 --seconds 0.5 --reps 3)
+say "cuda bench: ${cuda_bench[*]} (timeout ${CUDA_BENCH_TIMEOUT}s)"
+timeout "$CUDA_BENCH_TIMEOUT" "$PY" -m bench.suites.cuda_shm "${cuda_bench[@]}" \
+  --model-cache "$WORK/cuda_model" --out "$OUT/cuda_shm.json" >>"$OUT/cuda.txt" 2>&1
+rc=$?; tail -12 "$OUT/cuda.txt"; say "cuda bench rc=$rc"; [ $rc -eq 0 ] || status=1
+fi
 rm -rf "$WORK"
 exit $status

@@ -24,6 +24,7 @@ from service.config import ServerConfig, parse_pins
 from service.dtypes import BY_NAME
 from service.engine.batcher import Batcher
 from service.engine.budgets import StreamBudgets
+from service.engine.cuda_shm import CudaSharedMemoryRegistry
 from service.engine.engine import Engine
 from service.engine.loading import LoadedModel
 from service.engine.repository import Repository
@@ -68,9 +69,12 @@ class EmbeddingServer:
             Limits(config.max_tokens_per_request, config.max_text_bytes,
                    config.max_message_bytes, config.max_output_bytes,
                    config.max_inputs_per_request, config.max_request_text_bytes), self._pool,
-            SharedMemoryRegistry(allow_remote=config.shm_allow_remote,
-                                 max_per_identity=config.max_shm_regions_per_identity,
-                                 max_regions=config.max_shm_regions))
+            shm := SharedMemoryRegistry(allow_remote=config.shm_allow_remote,
+                                        max_per_identity=config.max_shm_regions_per_identity,
+                                        max_regions=config.max_shm_regions),
+            CudaSharedMemoryRegistry(self.device, shm, config.shm_allow_remote,
+                                     config.max_shm_regions_per_identity,
+                                     config.max_shm_regions))
         # One frame and one engine for every front: the same auth, limits, batches, regions.
         self.frame = Frame(self.engine, identities=Identities(
             config.auth_token, config.auth_tokens, tls_subject=bool(config.tls_client_ca)))

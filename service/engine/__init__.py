@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from service.engine.admission import Admitted, Input, Inputs, Options
 from service.engine.budgets import RestHold, RestSlots, Slot, StreamBudgets, StreamTurn
+from service.engine.cuda_shm import CudaSharedMemoryRegistry
 from service.engine.engine import Engine, Request
 from service.engine.loading import LoadedModel
 from service.engine.replies import NativeReply, OipReply, RegionOutput, RestAnswer, RestReply
-from service.engine.shm import is_local_peer
 
-__all__ = ["Admitted", "Engine", "Input", "Inputs", "LoadedModel", "NativeReply", "OipReply",
-           "Options", "RegionOutput", "Request", "RestAnswer", "RestHold", "RestReply",
-           "RestSlots", "Slot", "StreamBudgets", "StreamTurn", "is_local_peer"]
+__all__ = ["Admitted", "CudaSharedMemoryRegistry", "Engine", "Input", "Inputs", "LoadedModel",
+           "NativeReply", "OipReply", "Options", "RegionOutput", "Request", "RestAnswer",
+           "RestHold", "RestReply", "RestSlots", "Slot", "StreamBudgets", "StreamTurn"]

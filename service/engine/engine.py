@@ -30,10 +30,13 @@ from service.dtypes import BY_WIRE
 from service.engine.admission import Admission, Admitted, Input, Options
 from service.engine.batcher import Batcher, Timing
 from service.engine.budgets import Hold
+from service.engine.cuda_plan import CudaPlan
+from service.engine.cuda_shm import CudaSharedMemoryRegistry
 from service.engine.loading import LoadedModel
 from service.engine.replies import Reply
 from service.engine.repository import Repository
 from service.engine.shm import Caller, SharedMemoryRegistry
+from service.engine.shm_plan import ShmPlan
 from service.engine.validation import Limits, check_ids, check_text
 from service.metrics import Metrics
 
@@ -75,12 +78,16 @@ class Engine:
 
     def __init__(self, repo: Repository, batcher: Batcher, metrics: Metrics, limits: Limits,
                  tokenize_pool: ThreadPoolExecutor,
-                 shm: SharedMemoryRegistry | None = None) -> None:
+                 shm: SharedMemoryRegistry | None = None,
+                 cuda_shm: CudaSharedMemoryRegistry | None = None) -> None:
         self.repo = repo
         self.batcher = batcher
         self.metrics = metrics
         self.limits = limits
         self.shm = shm if shm is not None else SharedMemoryRegistry()
+        # CUDA regions (one namespace with ``shm``): refused unless the tables are on a GPU
+        self.cuda_shm = cuda_shm if cuda_shm is not None else CudaSharedMemoryRegistry(
+            repo.device, self.shm)
         self.admission = Admission(repo, limits, tokenize_pool, metrics)
         self.draining = False  # set once on SIGTERM: every front refuses new work
 
@@ -106,23 +113,33 @@ class Engine:
             await request.hold.take(nbytes)
         plan = None
         if reply.region is not None:
-            assert request.caller is not None, "a region is named on behalf of a caller"
-            lengths = admitted.lengths
-            shape = ((len(lengths), max(lengths), admitted.dim) if reply.padded
-                     else (admitted.tokens, admitted.dim))
-            out = reply.region
-            plan = self.shm.plan(request.caller, out.name, out.offset, shape,
-                                 BY_WIRE[admitted.options.dtype].torch, out.field,
-                                 out.byte_size)
+            plan = self._plan_region(admitted, reply, request.caller)
         dest = reply.destination(plan)
         lengths = admitted.lengths
-        if not reply.padded or len(set(lengths)) == 1:  # one job: every row is written
+        if not reply.padded or len(set(lengths)) == 1 or isinstance(plan, CudaPlan):
+            # one job: every row is written (a CUDA region pads by the device itself)
             job = admitted.job(dest, request.start_ns, request.deadline)
             result = await self.batcher.submit(job)
             self.admission.account(admitted, job)
             tracing.record(admitted, job, request.request_id)
             return result
         return await self._padded(admitted, dest, request)
+
+    def _plan_region(self, admitted: Admitted, reply: Reply[Any],
+                     caller: Caller | None) -> ShmPlan | CudaPlan:
+        """The rows' place in the caller's region: a host region, or a CUDA one (named so
+        by the request, or, where it does not say, by the region's name)."""
+        assert caller is not None, "a region is named on behalf of a caller"
+        assert reply.region is not None
+        out = reply.region
+        lengths = admitted.lengths
+        shape = ((len(lengths), max(lengths), admitted.dim) if reply.padded
+                 else (admitted.tokens, admitted.dim))
+        cuda = self.cuda_shm.owns(caller, out.name) if out.cuda is None else out.cuda
+        registry: SharedMemoryRegistry | CudaSharedMemoryRegistry = (
+            self.cuda_shm if cuda else self.shm)
+        return registry.plan(caller, out.name, out.offset, shape,
+                             BY_WIRE[admitted.options.dtype].torch, out.field, out.byte_size)
 
     async def _padded(self, admitted: Admitted, dest: Any, request: Request[Any]) -> Any:
         """Sequences of different T into [B, T, C] rows, rows past each sequence's length

@@ -29,6 +29,7 @@ from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.dtypes import BY_WIRE
 from service.engine.admission import Admitted
 from service.engine.batcher import Destination, Timing
+from service.engine.cuda_plan import CudaPlan
 from service.engine.message import (
     TIMING_BYTES,
     MessageBuffer,
@@ -54,6 +55,7 @@ class RegionOutput:
     offset: int
     byte_size: int | None  # the request's own bound (OIP's shared_memory_byte_size)
     field: str  # named in messages: "output", "outputs['embeddings']"
+    cuda: bool | None = None  # a CUDA region; None: whichever kind the name is registered as
 
 
 class Reply(Generic[R]):
@@ -68,7 +70,7 @@ class Reply(Generic[R]):
     def prepare(self, admitted: Admitted, untrained: list[list[int]] | None) -> int:
         raise NotImplementedError
 
-    def destination(self, region: ShmPlan | None) -> Destination:
+    def destination(self, region: ShmPlan | CudaPlan | None) -> Destination:
         raise NotImplementedError
 
 
@@ -96,8 +98,9 @@ class NativeReply(Reply[bytes]):
     def __init__(self, request: pb.EmbedRequest | pb.EmbedBatchRequest) -> None:
         self._request = request
         if request.HasField("output"):
-            self.region = RegionOutput(request.output.region, request.output.offset, None,
-                                       "output")
+            output = request.output
+            self.region = RegionOutput(output.region, output.offset, None, "output",
+                                       output.cuda)
         self._fields: Any = None
         self._shape = (0, 0)
         self._dtype = 0
@@ -125,7 +128,7 @@ class NativeReply(Reply[bytes]):
         rows = 0 if self.region is not None else N * C * admitted.itemsize
         return rows + self._fields.ByteSize() + TIMING_BYTES + 64
 
-    def destination(self, region: ShmPlan | None) -> Destination:
+    def destination(self, region: ShmPlan | CudaPlan | None) -> Destination:
         fields, (N, C), dtype = self._fields, self._shape, self._dtype
         if region is None:
             return MessageBuffer(message_head(N, C, dtype), self._shape, BY_WIRE[dtype].torch,
@@ -134,6 +137,7 @@ class NativeReply(Reply[bytes]):
         fields.embeddings.shape[:] = self._shape
         fields.embeddings.dtype = dtype
         fields.output.region, fields.output.offset = self.region.name, self.region.offset
+        fields.output.cuda = isinstance(region, CudaPlan)
         fields.output.byte_size = region.byte_size
         return region.destination(self._with_timing)
 
@@ -178,7 +182,7 @@ class OipReply(Reply[bytes]):
         rows = 0 if self.region is not None else B * T * C * admitted.itemsize
         return rows + fields.ByteSize() + 8 * len(lengths) + 64
 
-    def destination(self, region: ShmPlan | None) -> Destination:
+    def destination(self, region: ShmPlan | CudaPlan | None) -> Destination:
         fields, admitted = self._fields, self._admitted
         assert admitted is not None
         B, T, C = _shape(admitted, True)
@@ -191,6 +195,9 @@ class OipReply(Reply[bytes]):
             p["shared_memory_byte_size"].int64_param = region.byte_size
             if self._lengths:  # small: travels in the response
                 fields.outputs[1].contents.int64_contents.extend(admitted.lengths)
+            if isinstance(region, CudaPlan):  # padded by the device itself
+                return region.destination(lambda _: fields.SerializeToString(),
+                                          admitted.lengths)
             return region.destination(lambda _: fields.SerializeToString())
         tail = fields.SerializeToString()
         if self._lengths:  # raw_output_contents[1], after the rows
@@ -255,7 +262,7 @@ class RestReply(Reply[RestAnswer]):
         rows = values * admitted.itemsize if dict(self._outputs)["embeddings"] else values * 25
         return rows + 24 * B * 2 + 4096 + 6 * len(self._id)
 
-    def destination(self, region: ShmPlan | None) -> Destination:
+    def destination(self, region: ShmPlan | CudaPlan | None) -> Destination:
         admitted = self._admitted
         assert admitted is not None
         assert region is None  # REST answers carry their rows

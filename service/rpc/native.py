@@ -173,6 +173,7 @@ class NativeFront:
                                    call: Call) -> pb.RegisterSharedMemoryResponse:
         """Map a client's /dev/shm object so requests can name it as their output."""
         r = request.region
+        self.engine.cuda_shm.check_free(call, r.name)
         self.engine.shm.register(call, r.name, r.key, r.offset, r.byte_size)
         return pb.RegisterSharedMemoryResponse()
 
@@ -189,6 +190,26 @@ class NativeFront:
         return pb.ListSharedMemoryResponse(regions=[
             pb.SharedMemoryRegion(name=r.name, key=r.key, offset=r.offset,
                                   byte_size=r.byte_size) for r in self.engine.shm.regions(call)])
+
+    async def RegisterCudaSharedMemory(self, request: pb.RegisterCudaSharedMemoryRequest,
+                                       call: Call) -> pb.RegisterCudaSharedMemoryResponse:
+        """Open a client's device memory (its cudaIpcMemHandle) as a named region."""
+        r = request.region
+        self.engine.cuda_shm.register(call, r.name, r.raw_handle, r.device_id, r.byte_size)
+        return pb.RegisterCudaSharedMemoryResponse()
+
+    async def UnregisterCudaSharedMemory(self, request: pb.UnregisterCudaSharedMemoryRequest,
+                                         call: Call) -> pb.UnregisterCudaSharedMemoryResponse:
+        """Forget one of the caller's CUDA regions ("" = all of the caller's own)."""
+        self.engine.cuda_shm.unregister(call, request.name)
+        return pb.UnregisterCudaSharedMemoryResponse()
+
+    async def ListCudaSharedMemory(self, request: pb.ListCudaSharedMemoryRequest,
+                                   call: Call) -> pb.ListCudaSharedMemoryResponse:
+        """The caller's registered CUDA regions (without their handles)."""
+        return pb.ListCudaSharedMemoryResponse(regions=[
+            pb.CudaSharedMemoryRegion(name=r.name, device_id=r.device_id, byte_size=r.byte_size)
+            for r in self.engine.cuda_shm.regions(call)])
 
     def model_info(self, model: LoadedModel) -> pb.ModelInfo:
         """The ModelInfo message for a loaded model."""

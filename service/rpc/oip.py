@@ -14,9 +14,10 @@ ModelInfer tensors (what ModelMetadata describes):
   ("none" | "right" | "left"), ``allow_special_tokens`` (bool), ``add_special_tokens``
   (bool; absent = the model's default, as AutoTokenizer applies it).
 ModelMetadata also carries ``parameters``: family, rules, tokenizer, hidden_size.
-Shared memory (Triton's system shared-memory extension): the ``embeddings`` output's
-``shared_memory_region`` / ``shared_memory_offset`` / ``shared_memory_byte_size``
-parameters put the [B, T, C] rows in a registered region instead of the response.
+Shared memory (Triton's system and CUDA shared-memory extensions): the ``embeddings``
+output's ``shared_memory_region`` / ``shared_memory_offset`` / ``shared_memory_byte_size``
+parameters put the [B, T, C] rows in a registered region instead of the response (a CUDA
+region's are written there by the device).
 """
 
 from __future__ import annotations
@@ -85,8 +86,9 @@ class OipFront:
             version = metadata.version("embedding-service")
         except metadata.PackageNotFoundError:
             version = "0"
+        cuda = ["cuda_shared_memory"] if self.engine.cuda_shm.device.type == "cuda" else []
         return oip.ServerMetadataResponse(name="embedding-service", version=version,
-                                          extensions=EXTENSIONS)
+                                          extensions=EXTENSIONS + cuda)
 
     async def ModelMetadata(self, request: oip.ModelMetadataRequest,
                             call: Call) -> oip.ModelMetadataResponse:
@@ -136,6 +138,7 @@ class OipFront:
             self, request: oip.SystemSharedMemoryRegisterRequest,
             call: Call) -> oip.SystemSharedMemoryRegisterResponse:
         """Map a /dev/shm object as a named region."""
+        self.engine.cuda_shm.check_free(call, request.name)
         self.engine.shm.register(call, request.name, request.key, request.offset,
                                  request.byte_size)
         return oip.SystemSharedMemoryRegisterResponse()
@@ -155,6 +158,34 @@ class OipFront:
         status = oip.SystemSharedMemoryStatusResponse.RegionStatus
         for r in self.engine.shm.regions(call, request.name):
             response.regions[r.name].CopyFrom(status(name=r.name, key=r.key, offset=r.offset,
+                                                     byte_size=r.byte_size))
+        return response
+
+    # -- CUDA shared memory (Triton's CUDA shared-memory extension) ----------------------
+
+    async def CudaSharedMemoryRegister(
+            self, request: oip.CudaSharedMemoryRegisterRequest,
+            call: Call) -> oip.CudaSharedMemoryRegisterResponse:
+        """Open a client's device memory (its cudaIpcMemHandle) as a named region."""
+        self.engine.cuda_shm.register(call, request.name, request.raw_handle,
+                                      request.device_id, request.byte_size)
+        return oip.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(
+            self, request: oip.CudaSharedMemoryUnregisterRequest,
+            call: Call) -> oip.CudaSharedMemoryUnregisterResponse:
+        """Forget one of the caller's CUDA regions ("" = all of the caller's own)."""
+        self.engine.cuda_shm.unregister(call, request.name)
+        return oip.CudaSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(
+            self, request: oip.CudaSharedMemoryStatusRequest,
+            call: Call) -> oip.CudaSharedMemoryStatusResponse:
+        """The caller's registered CUDA regions (or the one named)."""
+        response = oip.CudaSharedMemoryStatusResponse()
+        status = oip.CudaSharedMemoryStatusResponse.RegionStatus
+        for r in self.engine.cuda_shm.regions(call, request.name):
+            response.regions[r.name].CopyFrom(status(name=r.name, device_id=r.device_id,
                                                      byte_size=r.byte_size))
         return response
 

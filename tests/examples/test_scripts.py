@@ -12,7 +12,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", ["hf_inputs_embeds", "downstream_service",
-                                  "vllm_prompt_embeds"])
+                                  "vllm_prompt_embeds", "cuda_inputs_embeds"])
 def test_help(name: str, tmp_path: Path) -> None:
     # From another directory: the script must not rely on the repo root being the cwd.
     r = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / f"{name}.py"), "--help"],
@@ -21,7 +21,8 @@ def test_help(name: str, tmp_path: Path) -> None:
     assert r.stdout.startswith(f"usage: python examples/{name}.py")
 
 
-@pytest.mark.parametrize("name", ["hf_inputs_embeds", "vllm_prompt_embeds"])
+@pytest.mark.parametrize("name", ["hf_inputs_embeds", "vllm_prompt_embeds",
+                                  "cuda_inputs_embeds"])
 def test_without_transformers_says_how_to_install_it(name: str, tmp_path: Path) -> None:
     # The environment `make run` makes has no transformers: one line saying so, not a
     # ModuleNotFoundError traceback.

@@ -239,7 +239,8 @@ def test_repository_index_reasons_carry_no_filesystem_path(
 REST = [("GET", "/v2/health/live"), ("GET", "/v2/health/ready"), ("GET", "/v2"),
         ("GET", "/v2/models/tiny"), ("GET", "/v2/models/tiny/ready"),
         ("POST", "/v2/models/tiny/infer"), ("POST", "/v2/models/tiny/tokenize"),
-        ("POST", "/v2/repository/index")]
+        ("POST", "/v2/repository/index"), ("POST", "/v2/cudasharedmemory/region/g/register"),
+        ("GET", "/v2/cudasharedmemory/status"), ("POST", "/v2/cudasharedmemory/unregister")]
 
 
 def _rest(handle: ServerHandle, method: str, path: str, body: bytes | None = None,

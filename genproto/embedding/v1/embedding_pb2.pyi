@@ -316,22 +316,26 @@ class ModelInfo(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., vocab_size: _Optional[int] = ..., table_rows: _Optional[int] = ..., dim: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., position: _Optional[str] = ..., storage_dtype: _Optional[str] = ..., device: _Optional[str] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., is_default: _Optional[bool] = ..., max_tokens_per_request: _Optional[int] = ..., max_text_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., provenance_json: _Optional[str] = ..., has_row_updates: _Optional[bool] = ..., untrained_rows: _Optional[int] = ..., family: _Optional[str] = ..., rules: _Optional[str] = ..., hidden_size: _Optional[int] = ..., has_tokenizer: _Optional[bool] = ...) -> None: ...
 
 class SharedMemoryOutput(_message.Message):
-    __slots__ = ("region", "offset")
+    __slots__ = ("region", "offset", "cuda")
     REGION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CUDA_FIELD_NUMBER: _ClassVar[int]
     region: str
     offset: int
-    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+    cuda: bool
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., cuda: _Optional[bool] = ...) -> None: ...
 
 class SharedMemoryRange(_message.Message):
-    __slots__ = ("region", "offset", "byte_size")
+    __slots__ = ("region", "offset", "byte_size", "cuda")
     REGION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_FIELD_NUMBER: _ClassVar[int]
     region: str
     offset: int
     byte_size: int
-    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+    cuda: bool
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ..., cuda: _Optional[bool] = ...) -> None: ...
 
 class SharedMemoryRegion(_message.Message):
     __slots__ = ("name", "key", "offset", "byte_size")
@@ -374,3 +378,45 @@ class ListSharedMemoryResponse(_message.Message):
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     regions: _containers.RepeatedCompositeFieldContainer[SharedMemoryRegion]
     def __init__(self, regions: _Optional[_Iterable[_Union[SharedMemoryRegion, _Mapping]]] = ...) -> None: ...
+
+class CudaSharedMemoryRegion(_message.Message):
+    __slots__ = ("name", "raw_handle", "device_id", "byte_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RAW_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    raw_handle: bytes
+    device_id: int
+    byte_size: int
+    def __init__(self, name: _Optional[str] = ..., raw_handle: _Optional[bytes] = ..., device_id: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
+class RegisterCudaSharedMemoryRequest(_message.Message):
+    __slots__ = ("region",)
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: CudaSharedMemoryRegion
+    def __init__(self, region: _Optional[_Union[CudaSharedMemoryRegion, _Mapping]] = ...) -> None: ...
+
+class RegisterCudaSharedMemoryResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnregisterCudaSharedMemoryRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnregisterCudaSharedMemoryResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCudaSharedMemoryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCudaSharedMemoryResponse(_message.Message):
+    __slots__ = ("regions",)
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.RepeatedCompositeFieldContainer[CudaSharedMemoryRegion]
+    def __init__(self, regions: _Optional[_Iterable[_Union[CudaSharedMemoryRegion, _Mapping]]] = ...) -> None: ...

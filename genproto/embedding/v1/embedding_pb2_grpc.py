@@ -84,6 +84,21 @@ class EmbeddingServiceStub:
                 request_serializer=embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryRequest.SerializeToString,
                 response_deserializer=embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryResponse.FromString,
                 _registered_method=True)
+        self.RegisterCudaSharedMemory = channel.unary_unary(
+                '/embedding.v1.EmbeddingService/RegisterCudaSharedMemory',
+                request_serializer=embedding_dot_v1_dot_embedding__pb2.RegisterCudaSharedMemoryRequest.SerializeToString,
+                response_deserializer=embedding_dot_v1_dot_embedding__pb2.RegisterCudaSharedMemoryResponse.FromString,
+                _registered_method=True)
+        self.UnregisterCudaSharedMemory = channel.unary_unary(
+                '/embedding.v1.EmbeddingService/UnregisterCudaSharedMemory',
+                request_serializer=embedding_dot_v1_dot_embedding__pb2.UnregisterCudaSharedMemoryRequest.SerializeToString,
+                response_deserializer=embedding_dot_v1_dot_embedding__pb2.UnregisterCudaSharedMemoryResponse.FromString,
+                _registered_method=True)
+        self.ListCudaSharedMemory = channel.unary_unary(
+                '/embedding.v1.EmbeddingService/ListCudaSharedMemory',
+                request_serializer=embedding_dot_v1_dot_embedding__pb2.ListCudaSharedMemoryRequest.SerializeToString,
+                response_deserializer=embedding_dot_v1_dot_embedding__pb2.ListCudaSharedMemoryResponse.FromString,
+                _registered_method=True)
 
 
 class EmbeddingServiceServicer:
@@ -160,6 +175,30 @@ class EmbeddingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterCudaSharedMemory(self, request, context):
+        """CUDA shared-memory output (Triton-style CUDA shared memory): a process on the server's
+        node allocates device memory (cudaMalloc), registers its cudaIpcMemHandle here, and names
+        it in a request's `output` with `cuda` set; the server gathers, composes and casts the
+        rows into it on the device and answers once they are there. Served by a server whose
+        tables are on a GPU (elsewhere FAILED_PRECONDITION). Region names are one namespace
+        with the system regions above.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterCudaSharedMemory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCudaSharedMemory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EmbeddingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +251,21 @@ def add_EmbeddingServiceServicer_to_server(servicer, server):
                     servicer.ListSharedMemory,
                     request_deserializer=embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryRequest.FromString,
                     response_serializer=embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryResponse.SerializeToString,
+            ),
+            'RegisterCudaSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterCudaSharedMemory,
+                    request_deserializer=embedding_dot_v1_dot_embedding__pb2.RegisterCudaSharedMemoryRequest.FromString,
+                    response_serializer=embedding_dot_v1_dot_embedding__pb2.RegisterCudaSharedMemoryResponse.SerializeToString,
+            ),
+            'UnregisterCudaSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterCudaSharedMemory,
+                    request_deserializer=embedding_dot_v1_dot_embedding__pb2.UnregisterCudaSharedMemoryRequest.FromString,
+                    response_serializer=embedding_dot_v1_dot_embedding__pb2.UnregisterCudaSharedMemoryResponse.SerializeToString,
+            ),
+            'ListCudaSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCudaSharedMemory,
+                    request_deserializer=embedding_dot_v1_dot_embedding__pb2.ListCudaSharedMemoryRequest.FromString,
+                    response_serializer=embedding_dot_v1_dot_embedding__pb2.ListCudaSharedMemoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -484,6 +538,87 @@ class EmbeddingService:
             '/embedding.v1.EmbeddingService/ListSharedMemory',
             embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryRequest.SerializeToString,
             embedding_dot_v1_dot_embedding__pb2.ListSharedMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterCudaSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedding.v1.EmbeddingService/RegisterCudaSharedMemory',
+            embedding_dot_v1_dot_embedding__pb2.RegisterCudaSharedMemoryRequest.SerializeToString,
+            embedding_dot_v1_dot_embedding__pb2.RegisterCudaSharedMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterCudaSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedding.v1.EmbeddingService/UnregisterCudaSharedMemory',
+            embedding_dot_v1_dot_embedding__pb2.UnregisterCudaSharedMemoryRequest.SerializeToString,
+            embedding_dot_v1_dot_embedding__pb2.UnregisterCudaSharedMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCudaSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedding.v1.EmbeddingService/ListCudaSharedMemory',
+            embedding_dot_v1_dot_embedding__pb2.ListCudaSharedMemoryRequest.SerializeToString,
+            embedding_dot_v1_dot_embedding__pb2.ListCudaSharedMemoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,7 @@ from service.engine import (
 )
 from service.errors import EmbedError, InvalidArgument, http_status_for
 from service.rpc.frame import Call, Frame, Refused
+from service.rpc.http.cuda_shm import CUDA_SHM_ROUTES, CudaShmRoutes
 from service.rpc.http.facts import model_facts
 from service.rpc.http.infer import EXTENSIONS, parse_infer
 from service.rpc.http.send import BufferAnswer, linger, send
@@ -117,6 +118,9 @@ class HttpFront:
             Route("POST", re.compile(_MODEL + "/tokenize"), "Tokenize", self.tokenize),
             Route("POST", re.compile(r"/v2/repository/index"), "RepositoryIndex",
                   self.repository_index)]
+        cuda = CudaShmRoutes(engine, self.max_body)
+        self.routes += [Route(method, re.compile(pattern), rpc, getattr(cuda, name))
+                        for method, pattern, rpc, name in CUDA_SHM_ROUTES]
         self._page = page_files() if ui else {}
         self._server: web.Server | None = None
         self._listener: Any = None

@@ -11,6 +11,7 @@ stdout: one JSON list, a result per call: {"ok": ...} or {"status": "INVALID_ARG
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from typing import Any
@@ -104,6 +105,17 @@ def run(call: dict[str, Any], client: tc.InferenceServerClient,
         return client.get_system_shared_memory_status(headers=headers, as_json=True)
     if op == "shm_unregister":
         client.unregister_system_shared_memory(call.get("name", ""), headers=headers)
+        return {}
+    if op == "cuda_register":  # the handle as hex: tritonclient takes it base64-encoded
+        client.register_cuda_shared_memory(
+            call["name"], base64.b64encode(bytes.fromhex(call["raw_handle"])),
+            call.get("device_id", 0), call["byte_size"], headers=headers)
+        return {}
+    if op == "cuda_status":
+        return client.get_cuda_shared_memory_status(call.get("name", ""), headers=headers,
+                                                     as_json=True)
+    if op == "cuda_unregister":
+        client.unregister_cuda_shared_memory(call.get("name", ""), headers=headers)
         return {}
     raise ValueError(f"unknown op {op!r}")
 

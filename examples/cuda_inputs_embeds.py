@@ -1,0 +1,173 @@
+"""Feed a Hugging Face model on the GPU with this service's rows, straight from GPU memory.
+
+A consumer on the server's node allocates device memory (``client.cuda_shm``), registers it,
+and asks for token rows (``compose="token"``: HF GPT-2 adds ``wpe`` itself, see
+hf_inputs_embeds.py) into it. The server's GPU gathers them into that memory and answers
+once they are there; ``torch.from_dlpack`` makes them a tensor on the device, over the same
+memory, which the model takes as ``inputs_embeds``. The rows never pass through host memory,
+on either side. The logits equal those the model computes from ``input_ids``, bit for bit.
+
+Without ``--target`` the script builds everything itself, offline: a small random
+``GPT2LMHeadModel`` saved with ``save_pretrained``, imported with
+``python -m training.importers hf-gpt2``, and served by ``python -m service --device cuda``
+in a child process (a CUDA IPC handle cannot be opened by the process that exported it: the
+server is another process, as it is in production). Needs a GPU and transformers.
+
+    python examples/cuda_inputs_embeds.py --text "hello world" --start-position 5
+    python examples/cuda_inputs_embeds.py --target 127.0.0.1:50051 --hf-dir ./gpt2 --model gpt2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from client import EmbeddingClient, EmbeddingError
+from client.cuda_shm import CudaSharedMemoryRegion
+
+try:  # imported as examples.cuda_inputs_embeds
+    from examples.hf_inputs_embeds import HFInputs, build_hf_gpt2, import_hf_gpt2
+except ImportError:  # run as a script: its sibling file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hf_inputs_embeds import HFInputs, build_hf_gpt2, import_hf_gpt2  # type: ignore[no-redef]
+
+__all__ = ["fetch_inputs_on_gpu", "main", "serve_on_gpu"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fetch_inputs_on_gpu(client: EmbeddingClient, region: CudaSharedMemoryRegion, text: str,
+                        *, model: str = "", start_position: int = 0) -> HFInputs:
+    """Token rows for ``text`` written into ``region`` by the server's GPU, and HF's three
+    tensors on that GPU: ``inputs_embeds`` is a view of the region, not a copy."""
+    e = client.embed(text, model=model, compose="token", dtype="float32",
+                     start_position=start_position, cuda_region=region)
+    inputs_embeds = torch.from_dlpack(e.rows).unsqueeze(0)  # (1, T, C), in the region
+    device = inputs_embeds.device
+    T = len(e.token_ids)
+    position_ids = torch.arange(e.start_position, e.start_position + T,
+                                device=device).unsqueeze(0)  # (1, T)
+    return HFInputs(torch.tensor([e.token_ids], device=device), inputs_embeds, position_ids)
+
+
+@contextlib.contextmanager
+def serve_on_gpu(repository: Path, model: str, timeout_s: float = 120.0) -> Iterator[str]:
+    """``python -m service --device cuda`` over ``repository`` in a child process, on a
+    free loopback port; yields its target once it answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--model-repository", str(repository),
+         "--default-model", model, "--host", "127.0.0.1", "--grpc-port", str(port),
+         "--http-port", "-1", "--metrics-port", "-1", "--poll-seconds", "0",
+         "--device", "cuda"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    target = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        with EmbeddingClient(target, timeout=5) as probe:
+            while True:
+                try:
+                    probe.list_models()
+                    break
+                except EmbeddingError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"the server did not start (exit code "
+                                           f"{proc.poll()})") from None
+                    time.sleep(0.2)
+        yield target
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@torch.inference_mode()
+def _report(model: Any, client: EmbeddingClient, text: str, name: str, start: int) -> bool:
+    model = model.to("cuda").eval()
+    # room for the longest sequence the model takes, in fp32 rows
+    size = model.config.n_positions * model.config.n_embd * 4
+    with CudaSharedMemoryRegion("inputs-embeds", size, device_id=0) as region:
+        client.register_cuda_shared_memory(region)
+        try:
+            inputs = fetch_inputs_on_gpu(client, region, text, model=name,
+                                         start_position=start)
+            embeds = inputs.inputs_embeds
+            in_place = embeds.data_ptr() == region.address
+            rows = model.transformer.wte.weight[inputs.input_ids[0]]  # (T, C) on the GPU
+            exact_rows = torch.equal(embeds[0], rows)
+            from_ids = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids).logits
+            from_embeds = model(inputs_embeds=embeds, position_ids=inputs.position_ids).logits
+            same = torch.equal(from_ids, from_embeds)
+        finally:
+            client.unregister_cuda_shared_memory(region.name)
+    T, C = embeds.shape[1:]
+    print(f"token_ids {inputs.input_ids[0].tolist()}  inputs_embeds ({T}, {C}) float32 on "
+          f"{embeds.device}, {'in the CUDA region (no copy)' if in_place else 'a COPY'}")
+    print(f"rows equal wte[input_ids]: {'bit-identical' if exact_rows else 'DIFFERENT'}")
+    print(f"logits from input_ids vs inputs_embeds: {'bit-identical' if same else 'DIFFERENT'}"
+          f" {tuple(from_ids.shape)}")
+    return in_place and exact_rows and same
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison on the GPU; exit status 0 when rows and logits are bit-identical."""
+    parser = argparse.ArgumentParser(
+        prog="python examples/cuda_inputs_embeds.py",
+        description="Embedding-service rows written into this process's GPU memory as HF "
+                    "GPT-2 inputs_embeds: same logits as input_ids, bit for bit (float32).")
+    parser.add_argument("--text", default="Input embeddings are what the first block reads.")
+    parser.add_argument("--start-position", type=int, default=7,
+                        help="position of the first token (sent as start_position and as "
+                             "HF position_ids)")
+    parser.add_argument("--target", help="a running service on this node with its tables on "
+                                         "a GPU; default: build a random model and serve it")
+    parser.add_argument("--hf-dir", type=Path,
+                        help="with --target: the saved HF GPT-2 whose tables it serves")
+    parser.add_argument("--model", default="hf-gpt2", help="model name in the repository")
+    parser.add_argument("--seed", type=int, default=0, help="random init of the local model")
+    args = parser.parse_args(argv)
+    try:
+        import transformers
+    except ImportError:
+        parser.exit(2, f"{parser.prog}: needs transformers, which `make setup` installs; in "
+                       f"the `make run` environment: .venv/bin/pip install transformers==5.24.0\n")
+    if not torch.cuda.is_available():
+        parser.exit(2, f"{parser.prog}: needs a CUDA device (torch sees none here): the rows "
+                       f"go to GPU memory; examples/hf_inputs_embeds.py is the same on CPU\n")
+    if (args.target is None) != (args.hf_dir is None):
+        parser.error("--target and --hf-dir go together")
+
+    if args.target is not None:
+        model = transformers.GPT2LMHeadModel.from_pretrained(args.hf_dir, local_files_only=True)
+        with EmbeddingClient(args.target, timeout=30) as client:
+            same = _report(model, client, args.text, args.model, args.start_position)
+        return 0 if same else 1
+    with tempfile.TemporaryDirectory(prefix="cuda-inputs-embeds-") as tmp:
+        hf_dir, repository = Path(tmp) / "hf", Path(tmp) / "models"
+        model = build_hf_gpt2(hf_dir, seed=args.seed)
+        import_hf_gpt2(hf_dir, repository, args.model)
+        with serve_on_gpu(repository, args.model) as target, \
+                EmbeddingClient(target, timeout=30) as client:
+            same = _report(model, client, args.text, args.model, args.start_position)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
