@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SHELL := /bin/bash
 
 .PHONY: setup setup-runtime run model test fuzz check proto proto-check bench bench-smoke \
-        bench-train soak clean
+        bench-train profile soak clean
 
 setup:           ## dev environment: runtime + tests, lint, proto tools (idempotent)
 	@scripts/setup.sh dev
@@ -45,6 +45,9 @@ proto-check: setup
 
 bench: setup     ## the suites: serving, scaling, overload, memory; one target block (bench/results/)
 	@$(PY) -m bench
+
+profile: setup   ## where a T=16 request's server CPU goes, by stage, per wire (py-spy; bench/results/)
+	@$(PY) -m bench --suites profile
 
 bench-smoke: setup  ## every path of every suite once, at tiny sizes (bench/results/quick/)
 	@$(PY) -m bench --quick --out bench/results/quick

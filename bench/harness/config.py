@@ -11,7 +11,7 @@ from bench.harness.launch import ROOT
 
 __all__ = ["BACKENDS", "DTYPES", "IDS", "MODES", "SUITES", "BenchConfig", "parse_args", "quick"]
 
-SUITES = ("serving", "scaling", "overload", "memory")
+SUITES = ("serving", "scaling", "overload", "memory", "profile")
 # Every server a serving cell can run against, in the order a point's cells run.
 BACKENDS = ("ceiling", "floor", "naive", "service")
 # gRPC: unary, stream, OIP ModelInfer, shared-memory output; REST: binary and JSON output.

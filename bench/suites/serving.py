@@ -46,8 +46,8 @@ from bench.harness.report import SuiteResult, Target, paired
 from bench.servers.host import Captured, CapturedCell
 from genproto.embedding.v1 import embedding_pb2 as pb
 
-__all__ = ["SERVES", "Cell", "capture", "cells", "point_name", "rest_body", "run",
-           "start_servers", "targets"]
+__all__ = ["SERVES", "Cell", "capture", "cells", "measure_cell", "point_name", "request_ids",
+           "rest_body", "run", "start_servers", "targets"]
 
 # The modes each server has; the naive reply is fp32 whatever was asked, so it runs at the
 # first dtype only, and JSON carries fp32 only.
@@ -96,7 +96,7 @@ def rest_body(ids: Sequence[int], dtype: str, binary: bool) -> bytes:
                                     "parameters": {"binary_data": binary}}]}).encode()
 
 
-def _ids(cfg: BenchConfig) -> dict[int, list[list[int]]]:
+def request_ids(cfg: BenchConfig) -> dict[int, list[list[int]]]:
     """Per T, the distinct requests' ids: uniform over the vocabulary, or corpus windows."""
     rng = random.Random(0)
     corpus = None
@@ -154,7 +154,7 @@ def capture(service: ServerProcess, todo: list[Cell], ids: dict[int, list[list[i
                                             _REST_DTYPE[cell.dtype]))
 
 
-def _measure(cfg: BenchConfig, cell: Cell, server: ServerProcess,
+def measure_cell(cfg: BenchConfig, cell: Cell, server: ServerProcess,
              ids: dict[int, list[list[int]]]) -> Measurement:
     if cell.mode in ("rest", "json"):
         path = f"v2/models/{MODEL_NAME}/infer" if cell.backend == "service" else point_name(cell)
@@ -264,7 +264,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
     """Start the servers, run every cell ``cfg.reps`` times interleaved, stop them."""
     repo = ensure_model(cfg.model_cache, Shape(VOCAB_SIZE, cfg.dim, cfg.max_seq_len))
-    todo, ids = cells(cfg), _ids(cfg)
+    todo, ids = cells(cfg), request_ids(cfg)
     captured = Captured(cfg.out / "captured")
     results: dict[Cell, list[Measurement]] = {cell: [] for cell in todo}
     servers = start_servers(cfg, repo, captured.folder)
@@ -274,7 +274,7 @@ def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
         log(f"serving: {len(todo)} cells x {cfg.reps} rounds, servers {', '.join(servers)}")
         for rep in range(cfg.reps):
             for cell in todo:
-                results[cell].append(_measure(cfg, cell, servers[cell.backend], ids))
+                results[cell].append(measure_cell(cfg, cell, servers[cell.backend], ids))
             log(f"serving: round {rep + 1}/{cfg.reps} done")
     finally:
         stop(servers.values())

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from bench.harness.config import BenchConfig, quick
+from bench.suites.profile import ORDER
 from bench.suites.serving import cells
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,7 @@ def test_quick_bench_runs_every_path_of_every_suite(tmp_path: Path) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "bench.json").read_text())
-    assert list(report) == ["meta", "serving", "scaling", "overload", "memory"]
+    assert list(report) == ["meta", "serving", "scaling", "overload", "memory", "profile"]
     meta = report["meta"]
     assert (meta["quick"], meta["reps"]) == (True, 1)
     assert meta["glibc_tunables"].startswith("glibc.malloc.mmap_threshold=")
@@ -93,6 +94,13 @@ def test_quick_bench_runs_every_path_of_every_suite(tmp_path: Path) -> None:
         assert memory["one_worker"][0]["startup_s"] >= 0
         assert memory["one_worker"][0]["rss_mb"] > 0
         assert len(memory["two_workers"]["worker_pss_mb"]) == 2
+
+    profile = report["profile"]
+    assert [(r["mode"], r["c"]) for r in profile["cells"]] == [
+        (m, c) for m in ("unary", "oip", "rest", "json") for c in (1, 2)]
+    for row in profile["cells"]:
+        assert sum(row["samples"].values()) > 0, row["key"]  # py-spy saw the server work
+        assert list(row["us"]) == ORDER
 
     targets = [t for suite in ("serving", "scaling", "overload", "memory")
                for t in report[suite]["targets"]]

@@ -1,0 +1,157 @@
+"""Where a small request's server CPU goes: a sampling profile of the running service.
+
+``python -m bench --suites profile`` (``make profile``): the service alone, one process as
+``make bench`` starts it, driven at T=16 fp32 over each wire (gRPC ``unary``, OIP ``oip``,
+REST binary ``rest`` and JSON ``json``) at c=1 and c=16, while ``py-spy`` samples every
+thread of it from outside (``--nonblocking``: the server is never paused). A sample whose
+innermost frame is the event loop waiting (``select``) is idle and not counted; one whose
+innermost frame is in a transport library (grpcio, aiohttp, asyncio, the socket) is the
+transport's; any other is charged to the innermost frame of the service's own code on its
+stack, by module:
+
+    frame      service/rpc/frame.py: the per-RPC frame (status map, deadline, in-flight)
+    auth       service/rpc/identity.py
+    metrics    service/metrics.py (and prometheus_client)
+    tracing    service/tracing.py (and OpenTelemetry)
+    front      the rest of service/rpc: reading the wire (native, oip, oip_tensors, http/)
+    admission  engine/admission.py, validation.py, the repository; the tokenizer
+    hand-off   engine/engine.py, batcher.py, budgets.py: the request to the lookup and back
+    lookup     engine/tables.py, kernel.py, rules.py: gather, rule, cast
+    response   engine/replies.py, message.py, rpc/http/send.py: the answer laid out, sent
+    transport  the transport libraries (grpcio, aiohttp, asyncio: parsing, framing, socket
+               writes, the loop's own work), and anything with no frame of the service
+
+A share times the server's CPU per reply (from /proc, over the same window) is that
+stage's microseconds per reply.
+"""
+
+from __future__ import annotations
+
+import collections
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench.harness.checkpoint import VOCAB_SIZE, Shape, ensure_model
+from bench.harness.config import BenchConfig
+from bench.harness.launch import stop
+from bench.harness.report import SuiteResult
+from bench.suites.serving import Cell, measure_cell, request_ids, start_servers
+
+__all__ = ["STAGES", "WIRES", "run", "stage_of", "tally"]
+
+WIRES = ("unary", "oip", "rest", "json")
+# (stage, path fragments), the more specific first: a frame's file is matched in order.
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("auth", ("service/rpc/identity.py",)),
+    ("metrics", ("service/metrics.py", "prometheus_client/")),
+    ("tracing", ("service/tracing.py", "opentelemetry/")),
+    ("frame", ("service/rpc/frame.py",)),
+    ("lookup", ("service/engine/tables.py", "service/engine/kernel.py",
+                "service/engine/rules.py")),
+    ("response", ("service/engine/replies.py", "service/engine/message.py",
+                  "service/rpc/http/send.py")),
+    ("hand-off", ("service/engine/engine.py", "service/engine/batcher.py",
+                  "service/engine/budgets.py")),
+    ("admission", ("service/engine/admission.py", "service/engine/validation.py",
+                   "service/engine/repository.py", "service/format/", "tiktoken/",
+                   "tokenizers/")),
+    ("front", ("service/rpc/",)),
+)
+TRANSPORT = "transport"
+ORDER = [name for name, _ in STAGES] + [TRANSPORT]
+_TRANSPORT_LIBS = ("grpc/", "aiohttp/", "asyncio/", "selectors.py", "socket.py", "ssl.py")
+_IDLE = ("select (selectors.py", "EpollSelector.select (")  # the loop waiting for work
+_RATE = 1000  # samples per second per thread
+
+
+def stage_of(stack: str) -> str | None:
+    """The stage of one collapsed stack (``outer;...;inner``, each frame ``fn (file:line)``);
+    None for the loop waiting for work."""
+    frames = stack.split(";")
+    leaf = frames[-1]
+    if leaf.startswith(_IDLE):
+        return None
+    if any(lib in leaf for lib in _TRANSPORT_LIBS):
+        return TRANSPORT
+    for frame in reversed(frames):
+        for name, fragments in STAGES:
+            if any(f in frame for f in fragments):
+                return name
+    return TRANSPORT
+
+
+def tally(raw: str) -> dict[str, int]:
+    """Samples per stage of py-spy's ``--format raw`` output (``stack count`` lines)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        stage = stage_of(stack) if stack and n.isdigit() else None
+        if stage is not None:
+            counts[stage] += int(n)
+    return {name: counts.get(name, 0) for name in ORDER}
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(found).exists():
+        raise RuntimeError("profile: py-spy is not installed (make setup installs it)")
+    return found
+
+
+def _profile(cfg: BenchConfig, cell: Cell, server: Any, ids: dict[int, list[list[int]]],
+             out: Path) -> dict[str, Any]:
+    """One cell measured while py-spy samples the server; its stages."""
+    seconds = int(cfg.warmup_s + cfg.duration_s + 1)
+    spy = subprocess.Popen([_py_spy(), "record", "--pid", str(server.proc.pid), "--rate",
+                            str(_RATE), "--duration", str(seconds), "--nonblocking",
+                            "--format", "raw", "--output", str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        m = measure_cell(cfg, cell, server, ids)
+    finally:
+        _, err = spy.communicate(timeout=seconds + 60)
+    if spy.returncode != 0 or not out.exists():
+        raise RuntimeError(f"profile: py-spy failed ({spy.returncode}): {err.decode()[-500:]}")
+    samples = tally(out.read_text())
+    total = sum(samples.values()) or 1
+    cpu_us = m.cpu_s / m.requests * 1e6
+    return {"key": cell.key, "mode": cell.mode, "c": cell.c, "req_s": m.requests / m.seconds,
+            "cpu_us": cpu_us, "samples": samples,
+            "us": {k: round(v / total * cpu_us, 1) for k, v in samples.items()}}
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols = [f"{r['mode']} c={r['c']}" for r in rows]
+    head = f"{'µs of server CPU per reply':28}" + "".join(f"{c:>12}" for c in cols)
+    lines = [head, "-" * len(head)]
+    for stage in ORDER:
+        lines.append(f"{stage:28}" + "".join(f"{r['us'][stage]:>12.1f}" for r in rows))
+    lines.append(f"{'all (from /proc)':28}" + "".join(f"{r['cpu_us']:>12.1f}" for r in rows))
+    lines.append(f"{'req/s':28}" + "".join(f"{r['req_s']:>12.0f}" for r in rows))
+    return "\n".join(lines)
+
+
+def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
+    """The service at T=16 fp32 over each wire at each concurrency, sampled."""
+    T = min(cfg.ts)
+    cfg = replace(cfg, backends=("service",), modes=WIRES, ts=(T,), dtypes=("float32",))
+    repo = ensure_model(cfg.model_cache, Shape(VOCAB_SIZE, cfg.dim, cfg.max_seq_len))
+    ids = request_ids(cfg)
+    servers = start_servers(cfg, repo, cfg.out / "captured")
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
+            for mode in WIRES:
+                for c in cfg.concurrencies:
+                    cell = Cell("service", mode, T, "float32", c)
+                    rows.append(_profile(cfg, cell, servers["service"], ids,
+                                         Path(tmp) / f"{mode}-{c}.txt"))
+                    log(f"profile: {cell.key}: {rows[-1]['cpu_us']:.0f} µs of CPU per reply")
+    finally:
+        stop(servers.values())
+    return SuiteResult("profile", {"T": T, "rate": _RATE, "cells": rows}, _table(rows))

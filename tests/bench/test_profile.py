@@ -1,0 +1,48 @@
+"""bench.suites.profile's attribution: an idle sample is not counted, one inside a transport
+library is the transport's, any other goes to the innermost frame of the service's own code
+on its stack, by module, and to "transport" when there is none."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.suites.profile import ORDER, TRANSPORT, stage_of, tally
+
+_LOOP = "run_forever (asyncio/base_events.py:608);_run_once (asyncio/base_events.py:1922)"
+_FRAME = "run (/srv/service/rpc/frame.py:95)"
+_EMBED = "embed (/srv/service/engine/engine.py:97)"
+
+
+@pytest.mark.parametrize(("stack", "stage"), [
+    (_LOOP, TRANSPORT),
+    (f"{_LOOP};select (selectors.py:468)", None),  # idle: not counted
+    (f"{_LOOP};EpollSelector.select (selectors.py:468)", None),
+    (f"{_LOOP};_grpc_unary (grpc/_cython/cygrpc.pyx:1)", TRANSPORT),
+    (f"{_LOOP};{_FRAME}", "frame"),
+    (f"{_LOOP};{_FRAME};inc (/srv/service/metrics.py:44)", "metrics"),
+    (f"{_LOOP};{_FRAME};resolve (/srv/service/rpc/identity.py:80)", "auth"),
+    (f"{_LOOP};{_FRAME};Embed (/srv/service/rpc/native.py:60)", "front"),
+    (f"{_LOOP};{_FRAME};{_EMBED}", "hand-off"),
+    (f"{_LOOP};{_FRAME};{_EMBED};admit (/srv/service/engine/admission.py:180);"
+     "check_ids (/srv/service/engine/validation.py:90);amin (numpy/core/_methods.py:5)",
+     "admission"),
+    (f"{_LOOP};{_FRAME};{_EMBED};embed_into (/srv/service/engine/tables.py:220)", "lookup"),
+    (f"{_LOOP};{_FRAME};{_EMBED};prepare (/srv/service/engine/replies.py:110)", "response"),
+    (f"{_LOOP};{_FRAME};{_EMBED};record (/srv/service/tracing.py:170)", "tracing"),
+    (f"{_LOOP};{_FRAME};infer (/srv/service/rpc/http/front.py:300);"
+     "send (/srv/service/rpc/http/send.py:50)", "response"),
+    (f"{_LOOP};{_FRAME};infer (/srv/service/rpc/http/front.py:300);"
+     "send (/srv/service/rpc/http/send.py:50);write (asyncio/selector_events.py:1057)",
+     TRANSPORT),  # the socket write: the transport's, whoever called it
+])
+def test_a_sample_goes_to_its_innermost_service_frame(stack: str, stage: str | None) -> None:
+    assert stage_of(stack) == stage
+
+
+def test_tally_counts_samples_per_stage_in_order() -> None:
+    raw = "\n".join([f"{_LOOP} 7", f"{_LOOP};{_FRAME} 2", f"{_LOOP};{_FRAME};{_EMBED} 5",
+                     f"{_LOOP};{_FRAME};{_EMBED} 1", f"{_LOOP};select (selectors.py:468) 40",
+                     "", "garbage line"])
+    counts = tally(raw)
+    assert list(counts) == ORDER
+    assert counts == {**dict.fromkeys(ORDER, 0), TRANSPORT: 7, "frame": 2, "hand-off": 6}
