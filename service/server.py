@@ -40,6 +40,7 @@ from service.rpc.identity import Identities
 from service.rpc.native import SERVICE_NAME, NativeFront
 from service.rpc.oip import OIP_SERVICE_NAME, OipFront
 from service.rpc.pacing import StreamBudgets
+from service.rpc.reflection import ReflectionPool
 
 __all__ = ["EmbeddingServer", "ServerHandle", "serve", "start_in_thread", "start_local"]
 
@@ -157,7 +158,7 @@ class EmbeddingServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, OIP_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
-            server)
+            server, pool=ReflectionPool())
         address = f"{c.host}:{c.grpc_port}"
         creds = self._credentials()
         try:
