@@ -15,7 +15,7 @@ from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.server import ServerHandle
-from tests.oip_cases import CASES, OipCase, Outcome, check
+from tests.oip_cases import CASES, SERVERS, OipCase, Outcome, check
 from tests.service.rpc.oip.conftest import Triton
 from tests.tiny_model import DIM, start
 
@@ -99,7 +99,14 @@ def table_outcomes(case_servers: dict[str, ServerHandle], triton: Triton) -> dic
                   **({"ids": c.request["ids"], "datatype": c.request.get("datatype", "INT64")}
                      if "ids" in c.request else {"texts": [{"hex": t.hex()} for t in c.texts()]})}
                  for c in rows]
-        for case, got in zip(rows, triton(handle.target, calls), strict=True):
+        # Each row followed by a good request, on the same connection: still serving.
+        token = SERVERS[name].get("auth_token")
+        good = {"op": "infer", "ids": [[1, 2]],
+                "headers": {"authorization": f"Bearer {token}"} if token else {}}
+        results = triton(handle.target, [c for call in calls for c in (call, good)])
+        for after in results[1::2]:
+            assert after["ok"]["outputs"]["embeddings"]["shape"] == [1, 2, DIM], after
+        for case, got in zip(rows, results[::2], strict=True):
             outs = got.get("ok", {}).get("outputs", {})
             outcomes[case.name] = Outcome(
                 got.get("status"), got.get("message"),
