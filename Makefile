@@ -29,9 +29,9 @@ test: setup      ## test tools (promtool, chromium, k8s validators; no network o
 image-test: setup  ## build the images from a clean clone (Docker), run the CPU one as docs/deploy.md says
 	@scripts/image_test.sh
 
-fuzz: setup      ## the server fuzz tests at length (CI runs a short, fixed profile)
+fuzz: setup      ## the server fuzz tests at length, the OIP REST spec's included (CI runs a short, fixed profile)
 	@HYPOTHESIS_PROFILE=long $(PY) -m pytest -q --timeout=0 tests/service/test_fuzz.py \
-		tests/service/test_fuzz_http.py
+		tests/service/test_fuzz_http.py tests/http/test_http_spec.py
 
 check: setup proto-check  ## ruff + mypy
 	@$(VENV)/bin/ruff check .

@@ -38,6 +38,7 @@ from service.rpc.http import HttpFront, server_ssl_context
 from service.rpc.identity import Identities
 from service.rpc.native import SERVICE_NAME, NativeFront
 from service.rpc.oip import OIP_SERVICE_NAME, OipFront
+from service.rpc.reflection import ReflectionPool
 
 __all__ = ["EmbeddingServer", "serve"]
 
@@ -158,7 +159,7 @@ class EmbeddingServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, OIP_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
-            server)
+            server, pool=ReflectionPool())
         address = f"{c.host}:{c.grpc_port}"
         creds = self._credentials()
         try:

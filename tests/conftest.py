@@ -16,6 +16,7 @@ import torch
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 from service.format.writer import write_checkpoint
 from service.local import ServerHandle
+from tests.oip_cases import SERVERS
 from tests.tiny_model import (
     DIM,
     MAX_SEQ_LEN,
@@ -137,3 +138,14 @@ def server(tiny_repo: Path) -> Iterator[ServerHandle]:
     handle = start(tiny_repo)
     yield handle
     handle.stop()
+
+
+@pytest.fixture(scope="session")
+def case_servers(server: ServerHandle, tiny_repo: Path) -> Iterator[dict[str, ServerHandle]]:
+    """The servers the shared OIP request table names (tests/oip_cases.py): "tiny" is the
+    shared server; the others start here, with the table's settings."""
+    started = {name: start(tiny_repo, **settings)
+               for name, settings in SERVERS.items() if name != "tiny"}
+    yield {"tiny": server, **started}
+    for handle in started.values():
+        handle.stop()

@@ -1,4 +1,5 @@
-"""The REST front with the real ``tritonclient.http`` (2.73.0), in this process: it speaks
+"""The REST front with the real ``tritonclient.http`` (2.73.0), in this process, every row of
+the shared request table (``tests/vectors/oip_cases.json``) included: it speaks
 HTTP/JSON with geventhttpclient and registers no protobuf, so it lives beside genproto
 (unlike tritonclient.grpc, see tests/oip/triton_driver.py)."""
 
@@ -16,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.local import ServerHandle
+from tests.oip_cases import CASES, OipCase, Outcome, check
 from tests.tiny_model import DIM, start
 
 DATATYPES = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16, "BF16": pb.DTYPE_BFLOAT16}
@@ -111,23 +113,50 @@ def test_default_outputs_and_text(client: th.InferenceServerClient,
     assert result.as_numpy("sequence_lengths").tolist() == [2]
 
 
-def test_errors(client: th.InferenceServerClient) -> None:
-    cases = [
-        ("nope", {}, "404", "model 'nope' is not loaded (loaded: rope, tiny)"),
-        ("tiny", {"compose": "tokens"}, "400", "parameters['compose']='tokens' must be one of "
-         "['position_only', 'token_only', 'token_plus_position']"),
-        ("rope", {"compose": "position_only"}, "400", "compose=COMPOSE_POSITION_ONLY needs a "
-         "position table; model 'rope' has position 'none'"),
-        ("tiny", {"datatype": "FP16"}, "400", "sending FP16 data via JSON is not supported: ask "
-         "for output 'embeddings' with parameters {\"binary_data\": true} (the binary tensor "
-         "data extension)"),
-    ]
-    for model, parameters, status, message in cases:
-        with pytest.raises(InferenceServerException) as info:
-            client.infer(model, [ids_input(IDS)], parameters=parameters,
-                         outputs=[th.InferRequestedOutput("embeddings", binary_data=False)])
-        assert (info.value.status(), info.value.message()) == (status, message)
+def test_json_half_precision_is_refused(client: th.InferenceServerClient) -> None:
+    """REST only (JSON has no 16-bit floats); the refusals both forms share are the table's."""
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("tiny", [ids_input(IDS)], parameters={"datatype": "FP16"},
+                     outputs=[th.InferRequestedOutput("embeddings", binary_data=False)])
+    assert (info.value.status(), info.value.message()) == (
+        "400", "sending FP16 data via JSON is not supported: ask for output 'embeddings' "
+        "with parameters {\"binary_data\": true} (the binary tensor data extension)")
     assert client.infer("tiny", [ids_input(IDS)]).as_numpy("embeddings").shape == (2, 5, DIM)
+
+
+_WIRE = {"INT64": np.int64, "INT32": np.int32, "FP32": np.float32}  # input_ids as sent
+
+
+def table_outcome(port: int, case: OipCase) -> Outcome:
+    """One row of the shared table through tritonclient.http (binary tensors both ways)."""
+    if "ids" in case.request:
+        wire = case.request.get("datatype", "INT64")
+        data = np.array(case.request["ids"], dtype=_WIRE[wire])
+        inp = th.InferInput("input_ids", list(data.shape), wire)
+    else:
+        data = np.array(case.texts(), dtype=object)
+        inp = th.InferInput("text", list(data.shape), "BYTES")
+    inp.set_data_from_numpy(data, binary_data=True)
+    outputs = [th.InferRequestedOutput(n, binary_data=True)
+               for n in case.request.get("outputs", [])] or None
+    c = th.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        result = c.infer(case.model, [inp], model_version=case.version, outputs=outputs,
+                         request_id=case.request.get("id", ""),
+                         parameters=case.request.get("parameters"), headers=case.headers)
+    except InferenceServerException as e:
+        return Outcome(int(str(e.status())), e.message())
+    finally:
+        c.close()
+    names = [o["name"] for o in result.get_response()["outputs"]]
+    return Outcome(shapes={n: result.get_output(n)["shape"] for n in names},
+                   data={n: result.as_numpy(n).tobytes() for n in names})
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_table_row(case_servers: dict[str, ServerHandle], case: OipCase) -> None:
+    handle = case_servers[case.server]
+    check(handle.target, case, table_outcome(handle.http_port, case), http=True)
 
 
 def test_token_and_limits(tiny_repo: Path) -> None:

@@ -1,5 +1,6 @@
 """The OIP face with the real tritonclient: metadata, every dtype and compose, batches,
-offsets, text, and the status table — each answer bit for bit the native Embed's."""
+offsets, text, and every row of the shared request table (``tests/vectors/oip_cases.json``)
+— each answer bit for bit the native Embed's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.local import ServerHandle
+from tests.oip_cases import CASES, SERVERS, OipCase, Outcome, check
 from tests.service.rpc.oip.conftest import Triton
 from tests.tiny_model import DIM, start
 
@@ -70,16 +72,6 @@ def test_infer_equals_native_embed(server: ServerHandle, triton: Triton,
     assert got["ok"]["parameters"]["start_position"] == "int64_param: 3"
 
 
-def test_int32_ids_and_version(server: ServerHandle, triton: Triton,
-                               native: pb_grpc.EmbeddingServiceStub) -> None:
-    (got,) = triton(server.target, [{"op": "infer", "ids": [IDS[0]], "id_dtype": "int32",
-                                     "version": "1"}])
-    out = got["ok"]["outputs"]
-    assert bytes.fromhex(out["embeddings"]["hex"]) == native_rows(
-        native, token_ids=pb.TokenIds(ids=IDS[0]))
-    assert np.frombuffer(bytes.fromhex(out["sequence_lengths"]["hex"]), "<i8").tolist() == [5]
-
-
 def test_text_batch_pads_shorter_sequences_with_zero_rows(
         server: ServerHandle, triton: Triton, native: pb_grpc.EmbeddingServiceStub) -> None:
     texts = ["hello world, again", "hi"]
@@ -95,46 +87,38 @@ def test_text_batch_pads_shorter_sequences_with_zero_rows(
     assert not rows[1, 1:].any()  # padding rows are zero
 
 
-ERRORS = [
-    ({"ids": [[1, 50257]]}, "INVALID_ARGUMENT",
-     "input_ids[0][1]=50257 is out of range [0, 50257) for model 'tiny'"),
-    ({"ids": [[1] * 65]}, "INVALID_ARGUMENT",
-     "input_ids[0]: start_position (0) + T (65) = 65 exceeds max_seq_len 64 of model 'tiny' "
-     "(or set truncate)"),
-    ({"ids": [[1, 2]], "parameters": {"start_position": 63}}, "INVALID_ARGUMENT",
-     "input_ids[0]: start_position (63) + T (2) = 65 exceeds max_seq_len 64 of model 'tiny' "
-     "(or set truncate)"),
-    ({"ids": [[1]], "parameters": {"compose": "tokens"}}, "INVALID_ARGUMENT",
-     "parameters['compose']='tokens' must be one of ['position_only', 'token_only', "
-     "'token_plus_position']"),
-    ({"ids": [[1]], "parameters": {"datatype": "FP64"}}, "INVALID_ARGUMENT",
-     "datatype='FP64' of output 'embeddings' must be one of ['BF16', 'FP16', 'FP32']"),
-    ({"ids": [[1]], "parameters": {"start_positon": 1}}, "INVALID_ARGUMENT",
-     "parameters ['start_positon'] are not known; this model takes ['add_special_tokens', "
-     "'allow_special_tokens', 'compose', 'datatype', 'start_position', 'truncate']"),
-    ({"ids": [[1]], "outputs": ["logits"]}, "INVALID_ARGUMENT",
-     "output 'logits' is not an output of this model (outputs: embeddings, sequence_lengths)"),
-    ({"texts": [{"hex": "ff61"}]}, "INVALID_ARGUMENT", "input 'text'[0] is not valid UTF-8 "
-     "(byte 0)"),
-    ({"ids": [[1]], "model": "nope"}, "NOT_FOUND", "model 'nope' is not loaded (loaded: rope, "
-     "tiny)"),
-    ({"ids": [[1]], "version": "7"}, "NOT_FOUND",
-     "version 7 of model 'tiny' is not loaded (serving version 1)"),
-    ({"ids": [[1]], "version": "x"}, "INVALID_ARGUMENT",
-     "model_version='x' must be empty or a positive integer"),
-    ({"ids": [[1]], "model": "rope", "parameters": {"compose": "position_only"}},
-     "FAILED_PRECONDITION", "compose=COMPOSE_POSITION_ONLY needs a position table; model "
-     "'rope' has position 'none'"),
-]
+@pytest.fixture(scope="module")
+def table_outcomes(case_servers: dict[str, ServerHandle], triton: Triton) -> dict[str, Outcome]:
+    """Every row of the shared table through tritonclient.grpc: one driver per server."""
+    outcomes = {}
+    for name, handle in case_servers.items():
+        rows = [c for c in CASES if c.server == name]
+        calls = [{"op": "infer", "model": c.model, "version": c.version, "headers": c.headers,
+                  "id": c.request.get("id", ""), "parameters": c.request.get("parameters"),
+                  "outputs": c.request.get("outputs", []),
+                  **({"ids": c.request["ids"], "datatype": c.request.get("datatype", "INT64")}
+                     if "ids" in c.request else {"texts": [{"hex": t.hex()} for t in c.texts()]})}
+                 for c in rows]
+        # Each row followed by a good request, on the same connection: still serving.
+        token = SERVERS[name].get("auth_token")
+        good = {"op": "infer", "ids": [[1, 2]],
+                "headers": {"authorization": f"Bearer {token}"} if token else {}}
+        results = triton(handle.target, [c for call in calls for c in (call, good)])
+        for after in results[1::2]:
+            assert after["ok"]["outputs"]["embeddings"]["shape"] == [1, 2, DIM], after
+        for case, got in zip(rows, results[::2], strict=True):
+            outs = got.get("ok", {}).get("outputs", {})
+            outcomes[case.name] = Outcome(
+                got.get("status"), got.get("message"),
+                {k: v["shape"] for k, v in outs.items()},
+                {k: bytes.fromhex(v["hex"]) for k, v in outs.items()})
+    return outcomes
 
 
-@pytest.mark.parametrize(("call", "status", "message"), ERRORS)
-def test_error_rows(server: ServerHandle, triton: Triton, call: dict[str, object],
-                    status: str, message: str) -> None:
-    got, after = triton(server.target, [{"op": "infer", **call},
-                                        {"op": "infer", "ids": [[1, 2]]}])
-    assert (got.get("status"), got.get("message")) == (status, message)
-    assert after["ok"]["outputs"]["embeddings"]["shape"] == [1, 2, DIM]  # still serving
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_table_row(case_servers: dict[str, ServerHandle], table_outcomes: dict[str, Outcome],
+                   case: OipCase) -> None:
+    check(case_servers[case.server].target, case, table_outcomes[case.name], http=False)
 
 
 def test_auth_and_response_size(tiny_repo: Path, triton: Triton) -> None:

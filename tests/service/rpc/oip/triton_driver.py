@@ -4,7 +4,8 @@ A separate process on purpose: tritonclient registers Triton's ``inference.*`` p
 messages in the default descriptor pool, as does ``genproto.inference`` (the server's), and
 one process cannot hold both. A real client lives in its own process anyway.
 
-stdin: {"target": "host:port", "headers": {...}, "calls": [{"op": ..., ...}, ...]}
+stdin: {"target": "host:port", "headers": {...}, "calls": [{"op": ..., ...}, ...]}; a call's
+own "headers" are added to the common ones.
 stdout: one JSON list, a result per call: {"ok": ...} or {"status": "INVALID_ARGUMENT",
 "message": ...}. Tensors come back as {"datatype", "shape", "hex"} (raw little-endian).
 """
@@ -20,6 +21,8 @@ import numpy as np
 import tritonclient.grpc as tc
 from tritonclient.utils import InferenceServerException
 
+_NUMPY = {"INT64": np.int64, "INT32": np.int32, "FP32": np.float32}  # input_ids as sent
+
 
 def _tensor(array: np.ndarray) -> dict[str, Any]:
     return {"dtype": str(array.dtype), "shape": list(array.shape),
@@ -29,9 +32,9 @@ def _tensor(array: np.ndarray) -> dict[str, Any]:
 def _infer(client: tc.InferenceServerClient, call: dict[str, Any],
            headers: dict[str, str]) -> dict[str, Any]:
     if "ids" in call:
-        data = np.array(call["ids"], dtype=call.get("id_dtype", "int64"))
-        inp = tc.InferInput("input_ids", list(data.shape),
-                            "INT64" if data.dtype == np.int64 else "INT32")
+        wire = call.get("datatype", "INT64")
+        data = np.array(call["ids"], dtype=_NUMPY[wire])
+        inp = tc.InferInput("input_ids", list(data.shape), wire)
     else:
         data = np.array([t.encode("utf-8") if isinstance(t, str) else bytes.fromhex(t["hex"])
                          for t in call["texts"]], dtype=object)
@@ -128,7 +131,7 @@ def main() -> None:
     results = []
     for call in spec["calls"]:
         try:
-            results.append({"ok": run(call, client, headers)})
+            results.append({"ok": run(call, client, {**headers, **call.get("headers", {})})})
         except InferenceServerException as e:
             results.append({"status": str(e.status()).removeprefix("StatusCode."),
                             "message": e.message()})
