@@ -210,8 +210,8 @@ def model_name(*, empty: str = "") -> Rule:
 
 # A bearer token as gRPC metadata and HTTP headers carry it: visible ASCII, no spaces (a
 # newline read from a file along with the token is the usual mistake).
-TOKEN = text("a token of visible ASCII characters, without spaces or line breaks",
-             r"[\x21-\x7e]+", empty=True)
+TOKEN = text("a token of visible ASCII characters, without spaces or line breaks "
+             "('' = none)", r"[\x21-\x7e]+", empty=True)
 
 
 def _path_kind(path: Path) -> str:

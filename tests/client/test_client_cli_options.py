@@ -50,7 +50,7 @@ def cases(tmp: Path) -> Cases:
         "token": [
             (["--token", "abc\n", "models"],
              top("argument --token: must be a token of visible ASCII characters, without "
-                 "spaces or line breaks, got 'abc\\n'")),
+                 "spaces or line breaks ('' = none), got 'abc\\n'")),
             (["--token", "s3cret-Token_1", "models"], None)],
         "tls": [(["--tls=yes", "models"],
                  top("argument --tls: ignored explicit argument 'yes'")),
@@ -177,7 +177,7 @@ def test_environment_variables_are_checked_and_named(capsys: pytest.CaptureFixtu
     check_all([(["models"], top(f"EMBED_TARGET: must be {TARGET_FORM}, got 'svc:'"))],
               with_env({"EMBED_TARGET": "svc:"}), capsys)
     check_all([(["models"], top("EMBED_TOKEN: must be a token of visible ASCII characters, "
-                                "without spaces or line breaks, got 't t'"))],
+                                "without spaces or line breaks ('' = none), got 't t'"))],
               with_env({"EMBED_TOKEN": "t t"}), capsys)
     args = parse_args(["--target", "h:1", "models"], environ={"EMBED_TARGET": "svc:443",
                                                                "EMBED_TOKEN": "tok"})
