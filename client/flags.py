@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["MODEL_NAME", "SWITCH", "TOKEN", "OneLineParser", "Relation", "Rule", "actions",
-           "check_places", "check_relations", "choice", "conflicts", "from_env", "given",
+__all__ = ["DEVICE", "MODEL_NAME", "SWITCH", "TOKEN", "OneLineParser", "Relation", "Rule",
+           "actions", "check_places", "check_relations", "choice", "conflicts", "from_env", "given",
            "input_dir", "input_file", "install", "integer", "internal_error", "model_name",
            "needs", "number", "one_of", "output_dir", "output_file", "port", "text"]
 
@@ -207,6 +207,9 @@ def model_name(*, empty: str = "") -> Rule:
                "digit" + (f" ('' = {empty})" if empty else ""))
     return text(accepts, MODEL_NAME, empty=bool(empty))
 
+
+# A torch device as this project's programs take it; whether torch sees it is checked later.
+DEVICE = text("auto, cpu, cuda or cuda:N", r"auto|cpu|cuda(?::[0-9]+)?")
 
 # A bearer token as gRPC metadata and HTTP headers carry it: visible ASCII, no spaces (a
 # newline read from a file along with the token is the usual mistake).

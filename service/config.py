@@ -263,10 +263,12 @@ def parse_config(argv: Sequence[str] | None = None,
     ns = parser.parse_args(argv)
     values: dict[str, object] = {}
     for f in fields(ServerConfig):
+        # Every variable set is checked, also one a flag overrides: it is still a mistake
+        # in the environment, waiting for the start without that flag.
+        rule = _ENV_BOOL if _is_bool(f.type) else RULES[f.name]
+        from_env = flags.from_env(parser, rule, env_name(f.name), env)
         value = getattr(ns, f.name)
-        if value is None:
-            rule = _ENV_BOOL if _is_bool(f.type) else RULES[f.name]
-            value = flags.from_env(parser, rule, env_name(f.name), env)
+        value = from_env if value is None else value
         if value is not None:
             values[f.name] = value
     try:

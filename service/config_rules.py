@@ -65,7 +65,7 @@ RULES: dict[str, flags.Rule] = {
                        "without a port", test=_host),
     "grpc_port": flags.port(zero=_FREE),
     "metrics_port": flags.port(zero=_FREE, off=True),
-    "device": flags.text("auto, cpu, cuda or cuda:N", r"auto|cpu|cuda(?::[0-9]+)?"),
+    "device": flags.DEVICE,
     "table_dtype": flags.choice("stored", *TABLE_DTYPE_NAMES),
     "max_batch_tokens": flags.integer(1, what="a number of tokens"),
     "max_batch_delay_us": flags.integer(0, what="a number of microseconds"),

@@ -107,7 +107,7 @@ def test_bad_flag_and_environment_values(tmp_path: Path) -> None:
     assert train_refusal(tmp_path, "--batch-size", "6", "--grad-accum", "4") == (
         "--batch-size 6 is not divisible by --grad-accum 4 (see --help)")
     assert train_refusal(tmp_path, env={"EMBED_TRAIN_MAX_STEPS": "ten"}) == (
-        "EMBED_TRAIN_MAX_STEPS='ten' is not a valid int (see --help)")
+        "EMBED_TRAIN_MAX_STEPS: must be a number of steps >= 1, got 'ten' (see --help)")
 
 
 def test_out_repository_that_is_a_file(tmp_path: Path) -> None:
