@@ -270,7 +270,9 @@ def output_file(suffixes: Sequence[str] = (), *, convert: Callable[[str], Any] =
     """A file to write: in an existing directory, not a directory itself, and ending in
     one of ``suffixes`` when given (the file is then written in that format, at exactly
     that path: nothing is appended)."""
-    accepts = what + (f" ending in {' or '.join(suffixes)}" if suffixes else "")
+    shown = ", ".join(suffixes[:-1]) + " or " + suffixes[-1] if len(suffixes) > 1 else \
+        "".join(suffixes)
+    accepts = what + (f" ending in {shown}" if suffixes else "")
 
     def test(v: Any) -> bool:
         name = str(v)
