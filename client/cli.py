@@ -41,10 +41,10 @@ from client.grammar import (
     IDS_FORM,
     MAX_ID,
     SPELLINGS,
+    TARGET,
     TARGET_FORM,
     UINT32_MAX,
     enum_value,
-    is_target,
     parse_ids,
 )
 from client.shm import SharedMemoryRegion
@@ -203,7 +203,7 @@ def _enum_rule(field: str) -> flags.Rule:
 
 # What each option accepts (client/flags.py): every option of every subcommand has a rule.
 RULES: dict[str, flags.Rule] = {
-    "target": flags.Rule(TARGET_FORM, test=is_target),
+    "target": TARGET,
     "timeout": flags.number(0, low_open=True, what="a number of seconds"),
     "token": flags.TOKEN,
     "tls": flags.SWITCH,
@@ -308,18 +308,9 @@ def parse_args(argv: Sequence[str] | None = None,
                environ: Mapping[str, str] | None = None) -> argparse.Namespace:
     """The command line, checked: options by RULES, their relations, $EMBED_TARGET and
     $EMBED_TOKEN, and the files named. A mistake exits with status 2 and one line."""
-    env = os.environ if environ is None else environ
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    flags.check_relations(parser, RELATIONS, vars(args), flags.given(parser, argv))
-    for dest, var in ENVIRONMENT.items():
-        if getattr(args, dest) is None:
-            setattr(args, dest, flags.from_env(parser, RULES[dest], var, env))
+    args = flags.parse(build_parser(), RULES, argv, RELATIONS, ENVIRONMENT, environ)
     if args.target is None:
         args.target = DEFAULT_TARGET
-    refusal = flags.check_places(RULES, vars(args))
-    if refusal is not None:
-        parser.error(refusal)
     return args
 
 

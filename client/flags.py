@@ -39,7 +39,7 @@ from typing import Any, NoReturn
 __all__ = ["DEVICE", "MODEL_NAME", "SWITCH", "TOKEN", "OneLineParser", "Relation", "Rule",
            "actions", "check_places", "check_relations", "choice", "conflicts", "from_env", "given",
            "input_dir", "input_file", "install", "integer", "internal_error", "model_name",
-           "needs", "number", "one_of", "output_dir", "output_file", "port", "text"]
+           "needs", "number", "one_of", "output_dir", "output_file", "parse", "port", "text"]
 
 
 def _anything(_: Any) -> bool:
@@ -438,6 +438,26 @@ def check_places(rules: Mapping[str, Rule], values: Mapping[str, Any],
                 shown = (names or {}).get(dest, _flag(dest))
                 return f"{shown} {item}: {reason}"
     return None
+
+
+def parse(parser: argparse.ArgumentParser, rules: Mapping[str, Rule],
+          argv: Sequence[str] | None, relations: Sequence[Relation] = (),
+          variables: Mapping[str, str] | None = None,
+          environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """A command line, checked in full before any work: each option by its rule (argparse,
+    through :func:`install`), the ``relations`` on what was given, each option left unset
+    from its environment variable (``variables``: dest -> name, read from ``environ``, by
+    default os.environ), then what the filesystem must hold. A mistake is parser.error()."""
+    args = parser.parse_args(argv)
+    check_relations(parser, relations, vars(args), given(parser, argv))
+    env = os.environ if environ is None else environ
+    for dest, var in (variables or {}).items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, from_env(parser, rules[dest], var, env))
+    refusal = check_places(rules, vars(args))
+    if refusal is not None:
+        parser.error(refusal)
+    return args
 
 
 def internal_error(prog: str, error: BaseException) -> int:

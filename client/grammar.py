@@ -27,12 +27,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from client.flags import Rule
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = [
     "IDS_FORM",
     "MAX_ID",
     "SPELLINGS",
+    "TARGET",
     "TARGET_FORM",
     "UINT32_MAX",
     "check_bool",
@@ -113,6 +115,10 @@ def split_target(target: str) -> tuple[str, int] | None:
 def is_target(target: str) -> bool:
     """Whether ``target`` is one of TARGET_FORM's forms."""
     return split_target(target) is not None or _UNIX.fullmatch(target) is not None
+
+
+# The command-line rule (client/flags.py) of every --target option.
+TARGET = Rule(TARGET_FORM, test=is_target)
 
 
 def check_int(name: str, value: Any, low: int, high: int) -> int:

@@ -283,13 +283,7 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line, checked: each option by its rule, WORD or --id, the repository
     and --out's directory. A mistake exits with status 2 and one line."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    flags.check_relations(parser, RELATIONS, vars(args), flags.given(parser, argv))
-    refusal = flags.check_places(RULES, vars(args))
-    if refusal is not None:
-        parser.error(refusal)
-    return args
+    return flags.parse(_parser(), RULES, argv, RELATIONS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
