@@ -454,7 +454,9 @@ def parse(parser: argparse.ArgumentParser, rules: Mapping[str, Rule],
     for dest, var in (variables or {}).items():
         if getattr(args, dest) is None:
             setattr(args, dest, from_env(parser, rules[dest], var, env))
-    refusal = check_places(rules, vars(args))
+    names = {a.dest: a.option_strings[0] if a.option_strings else str(a.metavar or a.dest)
+             for a in actions(parser)}
+    refusal = check_places(rules, vars(args), names)
     if refusal is not None:
         parser.error(refusal)
     return args
