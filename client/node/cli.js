@@ -13,8 +13,8 @@
 // NaN, Inf or -0, and the point is to hand the values on bit for bit.
 //
 // Every option of every command is checked by its rule in OPTIONS when it is parsed, the
-// request against grammar.js too: a mistake is one line, "cli.js: error: --flag: ...", and
-// exit status 2, before any connection. An RPC error is one line, "error: CODE: details",
+// request against grammar.js too: a mistake is one line, "error: --flag: ... (see --help)",
+// and exit status 2, before any connection. An RPC error is one line, "error: CODE: details",
 // exit status 1; a bug one line naming the file that holds its stack, exit status 70.
 const fs = require('node:fs');
 const os = require('node:os');
@@ -218,7 +218,7 @@ function main(argv) {
     if (!(err instanceof UsageError)) throw err;
     // One line whatever the user typed: a JSON parser's message may quote it.
     const line = err.message.replace(/\r/g, '\\r').replace(/\n/g, '\\n');
-    process.stderr.write(`${PROG}: error: ${line} (see --help)\n`);
+    process.stderr.write(`error: ${line} (see --help)\n`);
     process.exitCode = 2;
     return;
   }

@@ -248,7 +248,7 @@ def test_unknown_keys_and_spellings_are_refused(node: str, command: str,
     proc = run_cli(node, command, "--target", "127.0.0.1:1", "--request",
                    json.dumps(request_json))
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr.startswith(f"cli.js: error: --request: {message}"), proc.stderr
+    assert proc.stderr.startswith(f"error: --request: {message}"), proc.stderr
     assert proc.stderr.endswith(" (see --help)\n")
     assert proc.stderr.count("\n") == 1
 
@@ -258,7 +258,7 @@ def test_stream_refuses_a_bad_request_before_sending_any(node: str) -> None:
     proc = run_cli(node, "stream", "--target", "127.0.0.1:1", "--requests",
                    json.dumps(requests))
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr.startswith("cli.js: error: --requests: request 1: compose 'tokens': "
+    assert proc.stderr.startswith("error: --requests: request 1: compose 'tokens': "
                                   "expected one of ")
 
 

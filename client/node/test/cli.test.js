@@ -115,7 +115,7 @@ test('as a process: --help exits 0; a refusal is one line, exit status 2, nothin
     '{"text": "a", "start_positon": 1}'], { encoding: 'utf8' });
   assert.equal(bad.status, 2);
   assert.equal(bad.stdout, '');
-  assert.equal(bad.stderr, "cli.js: error: --request: unknown option 'start_positon'; known options: add_special_tokens, allow_special_tokens, compose, dtype, model, output, request_id, start_position, text, token_ids, truncate, version (see --help)\n");
+  assert.equal(bad.stderr, "error: --request: unknown option 'start_positon'; known options: add_special_tokens, allow_special_tokens, compose, dtype, model, output, request_id, start_position, text, token_ids, truncate, version (see --help)\n");
   const newline = spawnSync(process.execPath, [CLI, 'embed', '--target', 'h:1', '--request',
     '{"text": "a\n'], { encoding: 'utf8' });
   assert.equal(newline.status, 2);
