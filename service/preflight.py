@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import re
 import socket
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from client import flags
 from service.config import RULES, ServerConfig, parse_pins
 
 __all__ = ["StartupError", "bind_refusal", "check_config", "check_device", "check_ports",
-           "listeners"]
+           "check_tls", "listeners"]
 
 # A version folder's name, as service/format/checkpoint.py's _VERSION (which imports
 # torch; the workers' parent never does). tests/service/test_startup.py checks they agree.
@@ -43,6 +44,7 @@ def check_config(config: ServerConfig) -> None:
     refusal = flags.check_places(RULES, vars(config))  # the repository, the TLS and token files
     if refusal is not None:
         raise StartupError(refusal)
+    check_tls(config)
     try:
         models = _models(root)
     except OSError as e:
@@ -63,6 +65,35 @@ def check_config(config: ServerConfig) -> None:
                 raise StartupError(
                     f"--pin-versions {name}={version}: {root / name} has no version "
                     f"{version} (versions: {have}); pin one that is there, or remove the pin")
+
+
+def check_tls(config: ServerConfig) -> None:
+    """The TLS files are what they are named: a PEM certificate chain and its unencrypted
+    key, and PEM CA certificates (else grpc logs its own lines and fails the bind)."""
+    if not config.tls_cert:
+        return
+    cert, key = config.tls_cert, config.tls_key
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+
+    def encrypted() -> bytes:
+        raise StartupError(f"--tls-key {key}: the key is encrypted; give the server an "
+                           f"unencrypted key (gRPC cannot ask for its passphrase)")
+
+    try:
+        context.load_cert_chain(cert, key, password=encrypted)
+    except ssl.SSLError as e:
+        detail = f" ({e.reason})" if e.reason else ""
+        why = "the key does not belong to the certificate" if "MISMATCH" in str(e) else \
+            f"not a PEM certificate chain and its private key{detail}"
+        raise StartupError(f"--tls-cert {cert} and --tls-key {key}: {why}; give the "
+                           f"server's certificate and the key it was made with") from None
+    if config.tls_client_ca:
+        try:
+            context.load_verify_locations(cafile=config.tls_client_ca)
+        except ssl.SSLError as e:
+            detail = f" ({e.reason})" if e.reason else ""
+            raise StartupError(f"--tls-client-ca {config.tls_client_ca}: not PEM CA "
+                               f"certificates{detail}") from None
 
 
 def _models(root: Path) -> dict[str, set[int]]:

@@ -5,6 +5,7 @@ parser's own options (tests/option_rules.py)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,27 @@ def bad(flag: str, value: str, accepts: str) -> Case:
                            f"(see --help)")
 
 
-def cases(tmp: Path) -> Cases:
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ca.pem; server.pem/key signed by it; other.key (another key); locked.pem/key (an
+    encrypted key)."""
+    d = tmp_path_factory.mktemp("tls")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+             "ca.pem", "-days", "2", "-subj", "/CN=ca", cwd=d)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+             "server.pem", "-days", "2", "-subj", "/CN=localhost", cwd=d)
+    _openssl("genrsa", "-out", "other.key", "2048", cwd=d)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-keyout", "locked.key", "-out",
+             "locked.pem", "-days", "2", "-subj", "/CN=x", "-passout", "pass:secret", cwd=d)
+    return d
+
+
+def cases(tmp: Path, tls: Path) -> Cases:
+    server = ["--tls-cert", str(tls / "server.pem"), "--tls-key", str(tls / "server.key")]
     pem = tmp / "a.pem"
     pem.write_text("x")
     name = "a model name: letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -93,15 +114,29 @@ def cases(tmp: Path) -> Cases:
                                    (["--shutdown-grace-seconds", "2.5"], None)],
         "tls_cert": [(["--tls-cert", str(tmp / "c.pem"), "--tls-key", str(pem)],
                       f"{PROG}--tls-cert {tmp / 'c.pem'}: no such file"),
-                     (["--tls-cert", str(pem), "--tls-key", str(pem)], None)],
-        "tls_key": [(["--tls-cert", str(pem), "--tls-key", str(tmp)],
+                     (["--tls-cert", str(pem), "--tls-key", str(pem)],
+                      f"{PROG}--tls-cert {pem} and --tls-key {pem}: not a PEM certificate "
+                      f"chain and its private key; give the server's certificate and the key "
+                      f"it was made with"),
+                     (["--tls-cert", str(tls / "server.pem"), "--tls-key",
+                       str(tls / "other.key")],
+                      f"{PROG}--tls-cert {tls / 'server.pem'} and --tls-key "
+                      f"{tls / 'other.key'}: the key does not belong to the certificate; give "
+                      f"the server's certificate and the key it was made with"),
+                     (server, None)],
+        "tls_key": [(["--tls-cert", str(tls / "server.pem"), "--tls-key", str(tmp)],
                      f"{PROG}--tls-key {tmp}: is a directory, not a file"),
-                    (["--tls-cert", str(pem), "--tls-key", str(pem)], None)],
-        "tls_client_ca": [(["--tls-cert", str(pem), "--tls-key", str(pem), "--tls-client-ca",
-                            str(tmp / "ca.pem")], f"{PROG}--tls-client-ca {tmp / 'ca.pem'}: "
-                           f"no such file"),
-                          (["--tls-cert", str(pem), "--tls-key", str(pem), "--tls-client-ca",
-                            str(pem)], None)],
+                    (["--tls-cert", str(tls / "locked.pem"), "--tls-key",
+                      str(tls / "locked.key")],
+                     f"{PROG}--tls-key {tls / 'locked.key'}: the key is encrypted; give the "
+                     f"server an unencrypted key (gRPC cannot ask for its passphrase)"),
+                    (server, None)],
+        "tls_client_ca": [([*server, "--tls-client-ca", str(tmp / "ca.pem")],
+                           f"{PROG}--tls-client-ca {tmp / 'ca.pem'}: no such file"),
+                          ([*server, "--tls-client-ca", str(pem)],
+                           f"{PROG}--tls-client-ca {pem}: not PEM CA certificates "
+                           f"(NO_CERTIFICATE_OR_CRL_FOUND)"),
+                          ([*server, "--tls-client-ca", str(tls / "ca.pem")], None)],
         "auth_token": [bad("--auth-token", "s3cret\n", "a token of visible ASCII characters, "
                            "without spaces or line breaks ('' = none)"),
                        (["--auth-token", "s3cret"], None)],
@@ -160,18 +195,18 @@ def starts(tmp: Path, environ: dict[str, str] | None = None) -> object:
     return run
 
 
-def test_every_option_refuses_what_cannot_work(tmp_path: Path,
+def test_every_option_refuses_what_cannot_work(tmp_path: Path, tls: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    walk(_parser(), cases(tmp_path), starts(tmp_path), capsys)
+    walk(_parser(), cases(tmp_path, tls), starts(tmp_path), capsys)
 
 
-def test_every_variable_refuses_what_its_flag_refuses(tmp_path: Path,
+def test_every_variable_refuses_what_its_flag_refuses(tmp_path: Path, tls: Path,
                                                       capsys: pytest.CaptureFixture[str]
                                                       ) -> None:
     """Each refused flag value, given as the flag's EMBED_* variable instead: the same
     refusal, naming the variable."""
     checked = 0
-    for dest, own in cases(tmp_path).items():
+    for dest, own in cases(tmp_path, tls).items():
         for argv, refusal in own:
             flag = "--" + dest.replace("_", "-")
             if refusal is None or len(argv) != 2 or argv[0] != flag or \
