@@ -308,7 +308,11 @@ def parse_args(argv: Sequence[str] | None = None,
                environ: Mapping[str, str] | None = None) -> argparse.Namespace:
     """The command line, checked: options by RULES, their relations, $EMBED_TARGET and
     $EMBED_TOKEN, and the files named. A mistake exits with status 2 and one line."""
-    args = flags.parse(build_parser(), RULES, argv, RELATIONS, ENVIRONMENT, environ)
+    parser = build_parser()
+    args = flags.parse(parser, RULES, argv, RELATIONS, ENVIRONMENT, environ)
+    problem = flags.tls_problem(args.tls_cert, args.tls_key, args.tls_ca, "--tls-ca")
+    if problem is not None:
+        parser.error(problem)
     if args.target is None:
         args.target = DEFAULT_TARGET
     return args

@@ -28,6 +28,7 @@ import argparse
 import math
 import os
 import re
+import ssl
 import sys
 import tempfile
 import traceback
@@ -39,7 +40,8 @@ from typing import Any, NoReturn
 __all__ = ["DEVICE", "MODEL_NAME", "SWITCH", "TOKEN", "OneLineParser", "Relation", "Rule",
            "actions", "check_places", "check_relations", "choice", "conflicts", "from_env", "given",
            "input_dir", "input_file", "install", "integer", "internal_error", "model_name",
-           "needs", "number", "one_of", "output_dir", "output_file", "parse", "port", "text"]
+           "needs", "number", "one_of", "output_dir", "output_file", "parse", "port", "text",
+           "tls_problem"]
 
 
 def _anything(_: Any) -> bool:
@@ -298,6 +300,39 @@ def output_dir(*, convert: Callable[[str], Any] = str, what: str = "a directory"
         return _parent_problem(path)
 
     return Rule(what, convert, lambda v: isinstance(v, str | Path) and bool(str(v)), place)
+
+
+def tls_problem(cert: str | None, key: str | None, ca: str | None,
+                ca_flag: str) -> str | None:
+    """What is wrong with TLS files that exist, as one line, else None: ``cert`` and ``key``
+    (--tls-cert, --tls-key) a PEM certificate chain and its unencrypted key that belong
+    together, ``ca`` (``ca_flag``) PEM CA certificates. gRPC itself only logs its own lines
+    and fails later (the bind, the handshake) with words that point elsewhere."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if cert and key:
+        encrypted = f"--tls-key {key}: the key is encrypted; give an unencrypted key (gRPC " \
+                    f"cannot ask for its passphrase)"
+
+        def no_passphrase() -> bytes:
+            raise ValueError(encrypted)
+
+        try:
+            context.load_cert_chain(cert, key, password=no_passphrase)
+        except ValueError as e:
+            return str(e) if str(e) == encrypted else f"--tls-key {key}: {e}"
+        except ssl.SSLError as e:
+            detail = f" ({e.reason})" if e.reason else ""
+            why = "the key does not belong to the certificate" if "MISMATCH" in str(e) else \
+                f"not a PEM certificate chain and its private key{detail}"
+            return f"--tls-cert {cert} and --tls-key {key}: {why}; give a certificate and " \
+                   f"the key it was made with"
+    if ca:
+        try:
+            context.load_verify_locations(cafile=ca)
+        except ssl.SSLError as e:
+            detail = f" ({e.reason})" if e.reason else ""
+            return f"{ca_flag} {ca}: not PEM CA certificates{detail}"
+    return None
 
 
 # --- relations between options ----------------------------------------------------------

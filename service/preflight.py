@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import re
 import socket
-import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,32 +67,11 @@ def check_config(config: ServerConfig) -> None:
 
 
 def check_tls(config: ServerConfig) -> None:
-    """The TLS files are what they are named: a PEM certificate chain and its unencrypted
-    key, and PEM CA certificates (else grpc logs its own lines and fails the bind)."""
-    if not config.tls_cert:
-        return
-    cert, key = config.tls_cert, config.tls_key
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-
-    def encrypted() -> bytes:
-        raise StartupError(f"--tls-key {key}: the key is encrypted; give the server an "
-                           f"unencrypted key (gRPC cannot ask for its passphrase)")
-
-    try:
-        context.load_cert_chain(cert, key, password=encrypted)
-    except ssl.SSLError as e:
-        detail = f" ({e.reason})" if e.reason else ""
-        why = "the key does not belong to the certificate" if "MISMATCH" in str(e) else \
-            f"not a PEM certificate chain and its private key{detail}"
-        raise StartupError(f"--tls-cert {cert} and --tls-key {key}: {why}; give the "
-                           f"server's certificate and the key it was made with") from None
-    if config.tls_client_ca:
-        try:
-            context.load_verify_locations(cafile=config.tls_client_ca)
-        except ssl.SSLError as e:
-            detail = f" ({e.reason})" if e.reason else ""
-            raise StartupError(f"--tls-client-ca {config.tls_client_ca}: not PEM CA "
-                               f"certificates{detail}") from None
+    """The TLS files are what they are named (client/flags.py's tls_problem)."""
+    problem = flags.tls_problem(config.tls_cert, config.tls_key, config.tls_client_ca,
+                                "--tls-client-ca")
+    if problem is not None:
+        raise StartupError(problem)
 
 
 def _models(root: Path) -> dict[str, set[int]]:

@@ -27,9 +27,10 @@ def sub(command: str, message: str) -> str:
     return f"embedctl {command}: error: {message} (see --help)"
 
 
-def cases(tmp: Path) -> Cases:
+def cases(tmp: Path, certs: Path) -> Cases:
     pem = tmp / "a.pem"
     pem.write_text("x")
+    cert, key = str(certs / "client.pem"), str(certs / "client.key")
     (tmp / "dir.npy").mkdir(exist_ok=True)
     return {
         "target": [
@@ -59,13 +60,24 @@ def cases(tmp: Path) -> Cases:
                     top(f"--tls-ca {tmp / 'none.pem'}: no such file")),
                    (["--tls-ca", str(tmp), "models"],
                     top(f"--tls-ca {tmp}: is a directory, not a file")),
-                   (["--tls-ca", str(pem), "models"], None)],
-        "tls_cert": [(["--tls-cert", str(tmp), "--tls-key", str(pem), "models"],
+                   (["--tls-ca", str(pem), "models"],
+                    top(f"--tls-ca {pem}: not PEM CA certificates "
+                        f"(NO_CERTIFICATE_OR_CRL_FOUND)")),
+                   (["--tls-ca", str(certs / "ca.pem"), "models"], None)],
+        "tls_cert": [(["--tls-cert", str(tmp), "--tls-key", key, "models"],
                       top(f"--tls-cert {tmp}: is a directory, not a file")),
-                     (["--tls-cert", str(pem), "--tls-key", str(pem), "models"], None)],
-        "tls_key": [(["--tls-cert", str(pem), "--tls-key", str(tmp / "k"), "models"],
+                     (["--tls-cert", str(pem), "--tls-key", key, "models"],
+                      top(f"--tls-cert {pem} and --tls-key {key}: not a PEM certificate chain "
+                          f"and its private key; give a certificate and the key it was made "
+                          f"with")),
+                     (["--tls-cert", cert, "--tls-key", key, "models"], None)],
+        "tls_key": [(["--tls-cert", cert, "--tls-key", str(tmp / "k"), "models"],
                      top(f"--tls-key {tmp / 'k'}: no such file")),
-                    (["--tls-cert", str(pem), "--tls-key", str(pem), "models"], None)],
+                    (["--tls-cert", cert, "--tls-key", str(certs / "server.key"), "models"],
+                     top(f"--tls-cert {cert} and --tls-key {certs / 'server.key'}: the key does "
+                         f"not belong to the certificate; give a certificate and the key it "
+                         f"was made with")),
+                    (["--tls-cert", cert, "--tls-key", key, "models"], None)],
         "model": [(["info", "--model", "../etc"],
                    sub("info", f"argument --model: must be {NAME}, got '../etc'")),
                   (["info", "--model", ".hidden"],
@@ -137,15 +149,17 @@ def parse(argv: list[str]) -> object:
     return parse_args(argv, environ={})
 
 
-def test_every_option_refuses_what_cannot_work(tmp_path: Path,
+def test_every_option_refuses_what_cannot_work(tmp_path: Path, certs: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    walk(build_parser(), cases(tmp_path), parse, capsys)
+    walk(build_parser(), cases(tmp_path, certs), parse, capsys)
     assert set(RULES) == {a.dest for a in actions(build_parser())}
 
 
-def test_relations_between_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_relations_between_options(tmp_path: Path, certs: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
     pem = tmp_path / "a.pem"
     pem.write_text("x")
+    cert, key = str(certs / "client.pem"), str(certs / "client.key")
     text_only = ("special tokens are a matter of tokenizing text; ids are sent as given")
     check_all([
         (["embed"], top("give exactly one of TEXT or --ids")),
@@ -164,7 +178,7 @@ def test_relations_between_options(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--tls", "--tls-ca", str(pem), "models"],
          top("--tls and --tls-ca cannot go together: --tls trusts the system roots, --tls-ca "
              "only the given ones (and implies TLS)")),
-        (["--tls", "--tls-cert", str(pem), "--tls-key", str(pem), "models"], None),
+        (["--tls", "--tls-cert", cert, "--tls-key", key, "models"], None),
         (["models", "--model", "x"], top("unrecognized arguments: --model x")),
     ], parse, capsys)
 

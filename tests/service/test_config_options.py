@@ -116,20 +116,20 @@ def cases(tmp: Path, tls: Path) -> Cases:
                       f"{PROG}--tls-cert {tmp / 'c.pem'}: no such file"),
                      (["--tls-cert", str(pem), "--tls-key", str(pem)],
                       f"{PROG}--tls-cert {pem} and --tls-key {pem}: not a PEM certificate "
-                      f"chain and its private key; give the server's certificate and the key "
-                      f"it was made with"),
+                      f"chain and its private key; give a certificate and the key it was made "
+                      f"with"),
                      (["--tls-cert", str(tls / "server.pem"), "--tls-key",
                        str(tls / "other.key")],
                       f"{PROG}--tls-cert {tls / 'server.pem'} and --tls-key "
                       f"{tls / 'other.key'}: the key does not belong to the certificate; give "
-                      f"the server's certificate and the key it was made with"),
+                      f"a certificate and the key it was made with"),
                      (server, None)],
         "tls_key": [(["--tls-cert", str(tls / "server.pem"), "--tls-key", str(tmp)],
                      f"{PROG}--tls-key {tmp}: is a directory, not a file"),
                     (["--tls-cert", str(tls / "locked.pem"), "--tls-key",
                       str(tls / "locked.key")],
-                     f"{PROG}--tls-key {tls / 'locked.key'}: the key is encrypted; give the "
-                     f"server an unencrypted key (gRPC cannot ask for its passphrase)"),
+                     f"{PROG}--tls-key {tls / 'locked.key'}: the key is encrypted; give an "
+                     f"unencrypted key (gRPC cannot ask for its passphrase)"),
                     (server, None)],
         "tls_client_ca": [([*server, "--tls-client-ca", str(tmp / "ca.pem")],
                            f"{PROG}--tls-client-ca {tmp / 'ca.pem'}: no such file"),
