@@ -24,9 +24,10 @@ from pathlib import Path
 
 from client import flags
 from service.config import RULES, ServerConfig, parse_pins
+from service.rpc.identity import parse_tokens
 
 __all__ = ["StartupError", "bind_refusal", "check_config", "check_device", "check_ports",
-           "check_tls", "listeners"]
+           "check_tls", "check_tokens_file", "listeners"]
 
 # A version folder's name, as service/format/checkpoint.py's _VERSION (which imports
 # torch; the workers' parent never does). tests/service/test_startup.py checks they agree.
@@ -44,6 +45,7 @@ def check_config(config: ServerConfig) -> None:
     if refusal is not None:
         raise StartupError(refusal)
     check_tls(config)
+    check_tokens_file(config.auth_tokens)
     try:
         models = _models(root)
     except OSError as e:
@@ -72,6 +74,19 @@ def check_tls(config: ServerConfig) -> None:
                                 "--tls-client-ca")
     if problem is not None:
         raise StartupError(problem)
+
+
+def check_tokens_file(path: str) -> None:
+    """``--auth-tokens`` holds ``name token`` lines as the server reads them (it re-reads the
+    file when it changes; a bad edit then is logged and the old table kept)."""
+    if not path:
+        return
+    try:
+        parse_tokens(Path(path).read_bytes().decode("utf-8"), path)
+    except UnicodeDecodeError as e:
+        raise StartupError(f"--auth-tokens {path}: not UTF-8 text (byte {e.start})") from None
+    except ValueError as e:  # names the line: "<path>:<line>: expected 'name token'"
+        raise StartupError(f"--auth-tokens {e}") from None
 
 
 def _models(root: Path) -> dict[str, set[int]]:

@@ -45,6 +45,9 @@ def cases(tmp: Path, tls: Path) -> Cases:
     server = ["--tls-cert", str(tls / "server.pem"), "--tls-key", str(tls / "server.key")]
     pem = tmp / "a.pem"
     pem.write_text("x")
+    tokens, latin1 = tmp / "tokens.txt", tmp / "latin1.txt"
+    tokens.write_text("# name token\nalice s3cret\nbob t0ken\n")
+    latin1.write_bytes(b"alice caf\xe9\n")
     name = "a model name: letters, digits, '.', '_' or '-', starting with a letter or digit"
     port = "a port 1..65535 (0 picks a free port"
     return {
@@ -169,7 +172,11 @@ def cases(tmp: Path, tls: Path) -> Cases:
                             f"(see --help)"), (["--no-ui"], None)],
         "auth_tokens": [(["--auth-tokens", str(tmp / "tokens")],
                          f"{PROG}--auth-tokens {tmp / 'tokens'}: no such file"),
-                        (["--auth-tokens", str(pem)], None)],
+                        (["--auth-tokens", str(pem)],
+                         f"{PROG}--auth-tokens {pem}:1: expected 'name token'"),
+                        (["--auth-tokens", str(latin1)],
+                         f"{PROG}--auth-tokens {latin1}: not UTF-8 text (byte 9)"),
+                        (["--auth-tokens", str(tokens)], None)],
         "shm_allow_remote": [(["--shm-allow-remote=yes"], f"{PROG}argument "
                               f"--shm-allow-remote/--no-shm-allow-remote: ignored explicit "
                               f"argument 'yes' (see --help)"),
