@@ -246,7 +246,7 @@ def _parser() -> argparse.ArgumentParser:
                                 action=argparse.BooleanOptionalAction, help=text)
             continue
         kind = type(f.default)
-        metavar = "PATH" if isinstance(f.default, Path) else _METAVARS[kind]
+        metavar = "PATH" if RULES[f.name].place is not None else _METAVARS[kind]
         parser.add_argument(flag_name(f.name), dest=f.name, default=None, metavar=metavar,
                             help=text)
     flags.install(parser, RULES)
