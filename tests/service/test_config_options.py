@@ -272,3 +272,23 @@ def test_a_config_built_in_code_is_checked_by_the_same_rules() -> None:
     with pytest.raises(ValueError, match=r"^--poll-seconds: must be a number of seconds >= 0 "
                                          r"\(0 = no hot reload\), got 'nan'$"):
         ServerConfig(poll_seconds=float("nan"))
+
+
+def test_a_bug_before_logging_is_one_line_naming_its_log(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import service.__main__ as entry
+
+    def broken(argv: object) -> None:
+        raise KeyError("port")
+
+    monkeypatch.setattr(entry, "parse_config", broken)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with pytest.raises(SystemExit) as e:
+        entry.main([])
+    assert e.value.code == 70
+    err = capsys.readouterr().err
+    (log,) = tmp_path.iterdir()
+    assert err == (f"python -m service: internal error (KeyError); please report it with the "
+                   f"log {log}\n")
+    assert "KeyError: 'port'" in log.read_text()

@@ -247,3 +247,33 @@ def test_default_model_options(tmp_path: Path, make_checkpoint: MakeCheckpoint,
          f"{PROG}argument --max-steps: must be a number of steps >= 1, got '0' (see --help)"),
     ], run, capsys)
     assert capsys.readouterr().out == ""
+
+
+def test_a_bug_is_one_line_naming_its_log_and_the_machine_is_named(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import training.__main__ as entry
+
+    cfg = checked(tmp_path)([])
+    assert isinstance(cfg, TrainConfig)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "logs"))
+    (tmp_path / "logs").mkdir()
+
+    def bug(_: TrainConfig) -> None:
+        raise ZeroDivisionError("integer modulo by zero")
+
+    monkeypatch.setattr(entry, "run", bug)
+    assert entry.execute(cfg) == 70
+    (log,) = (tmp_path / "logs").iterdir()
+    assert capsys.readouterr().err == (f"python -m training: internal error "
+                                       f"(ZeroDivisionError); please report it with the log "
+                                       f"{log}\n")
+    assert "ZeroDivisionError: integer modulo by zero" in log.read_text()
+
+    def full(_: TrainConfig) -> None:
+        raise OSError(28, "No space left on device", str(tmp_path / "runs" / "x"))
+
+    monkeypatch.setattr(entry, "run", full)
+    assert entry.execute(cfg) == 1
+    assert capsys.readouterr().err == (f"python -m training: {tmp_path / 'runs' / 'x'}: No "
+                                       f"space left on device\n")
