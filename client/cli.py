@@ -23,17 +23,15 @@ import os
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import argparse
-import contextlib
 import dataclasses
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 import grpc
 import numpy as np
 
 from client import flags
+from client.cli_output import format_embedding, save_array, token_text
 from client.client import DEFAULT_TARGET, EmbeddingClient
 from client.codec import COMPOSE, DTYPES, TRUNCATE, Embedding, EmbeddingError
 from client.diagnose import explain, probe, split_target
@@ -52,10 +50,6 @@ from client.shm import SharedMemoryRegion
 __all__ = ["RELATIONS", "RULES", "CommandError", "build_parser", "format_embedding", "main",
            "parse_args", "save_array"]
 
-PREVIEW_ROWS = 4
-PREVIEW_COLS = 6
-
-
 class CommandError(Exception):
     """A failure embedctl reports as one line (the message) with exit status 1."""
 
@@ -63,41 +57,6 @@ class CommandError(Exception):
 def _enum_help(field: str) -> str:
     others = [s for name, short in SPELLINGS[field].items() for s in (*short[1:], name)]
     return f"also: {', '.join(others)}"
-
-
-def _token_text(token: bytes) -> str:
-    # A BPE token may be a partial UTF-8 sequence: show those as bytes, not as U+FFFD.
-    try:
-        return repr(token.decode("utf-8"))
-    except UnicodeDecodeError:
-        return repr(token)
-
-
-def _us(ns: int) -> str:
-    return f"{ns / 1000:.0f} us"
-
-
-def format_embedding(e: Embedding) -> list[str]:
-    """The lines ``embedctl embed`` prints: shape, identity, ids, a preview, timing."""
-    rows, cols = e.array.shape
-    widened = ""
-    if e.wire_dtype == "bfloat16" and e.array.dtype == np.float32:
-        widened = " (widened to float32)"
-    lines = [f"shape ({rows}, {cols})  dtype {e.wire_dtype}{widened}",
-             f"model {e.model}  version {e.version}  checkpoint {e.checkpoint_id[:12]}",
-             f"token_ids {e.token_ids}",
-             f"start_position {e.start_position}  truncated_tokens {e.truncated_tokens}  "
-             f"untrained_token_indices {e.untrained_token_indices}"]
-    for i in range(min(rows, PREVIEW_ROWS)):
-        values = " ".join(f"{float(v):+.4f}" for v in e.array[i, :PREVIEW_COLS])
-        more = f" ... ({cols} cols)" if cols > PREVIEW_COLS else ""
-        lines.append(f"[{i}] {values}{more}")
-    if rows > PREVIEW_ROWS:
-        lines.append(f"... ({rows - PREVIEW_ROWS} more rows)")
-    t = e.timing
-    lines.append(f"timing  queue {_us(t.queue_ns)}  tokenize {_us(t.tokenize_ns)}  "
-                 f"compute {_us(t.compute_ns)}  total {_us(t.total_ns)}")
-    return lines
 
 
 def _embed(client: EmbeddingClient, args: argparse.Namespace) -> None:
@@ -123,21 +82,6 @@ def _embed(client: EmbeddingClient, args: argparse.Namespace) -> None:
     print(f"via shared memory {region.key}")
 
 
-def save_array(path: Path, array: np.ndarray) -> None:
-    """``array`` in .npy format at exactly ``path`` (np.save given a name appends .npy to
-    one without it; given a file it writes where told), through a temporary file in the
-    same directory renamed into place: a failed write leaves no partial file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _show(e: Embedding, args: argparse.Namespace) -> None:
     if args.out:
         try:
@@ -154,7 +98,7 @@ def _tokenize(client: EmbeddingClient, args: argparse.Namespace) -> None:
                                   allow_special_tokens=args.allow_special_tokens)
     print(f"{len(ids)} tokens")
     for i, tok in zip(ids, tokens):
-        print(f"{i:>6}  {_token_text(tok)}")
+        print(f"{i:>6}  {token_text(tok)}")
 
 
 def _detokenize(client: EmbeddingClient, args: argparse.Namespace) -> None:

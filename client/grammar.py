@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from client.flags import Rule
+from client.rules import Rule
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = [
