@@ -1,14 +1,17 @@
 """``embedctl``: the embedding service from a shell.
 
     embedctl embed "hello world"              # shape, ids, a preview of the rows, timing
-    embedctl embed --ids 1,2,3 --out x.npy    # save the (T, C) array with np.save
+    embedctl embed --ids 1,2,3 --out x.npy    # also save the (T, C) array, at exactly x.npy
     embedctl embed --shm "hello world"        # rows through /dev/shm, not the response
     embedctl tokenize "hello world"
     embedctl detokenize 31373,995
     embedctl info [--model NAME]
     embedctl models
 
-Failures print one line, ``embedctl: <what happened>``, to stderr and exit 1; never a traceback.
+Every option is checked by its rule (``RULES``, client/flags.py) when it is parsed: a
+mistake is one line, ``embedctl: error: ...``, and exit status 2, before any connection. A
+failed call prints one line, ``embedctl: <what happened>``, and exits 1; a bug in embedctl
+one line naming the log of its traceback (exit 70). Never a traceback on the terminal.
 """
 
 from __future__ import annotations
@@ -22,46 +25,33 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import argparse
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 import numpy as np
 
+from client import flags
+from client.cli_output import format_embedding, save_array, token_text
 from client.client import DEFAULT_TARGET, EmbeddingClient
 from client.codec import COMPOSE, DTYPES, TRUNCATE, Embedding, EmbeddingError
 from client.diagnose import explain, probe, split_target
-from client.grammar import SPELLINGS, enum_value, parse_ids
+from client.grammar import (
+    IDS_FORM,
+    MAX_ID,
+    SPELLINGS,
+    TARGET,
+    TARGET_FORM,
+    UINT32_MAX,
+    enum_value,
+    parse_ids,
+)
 from client.shm import SharedMemoryRegion
 
-__all__ = ["CommandError", "build_parser", "format_embedding", "main"]
-
-PREVIEW_ROWS = 4
-PREVIEW_COLS = 6
-
+__all__ = ["RELATIONS", "RULES", "CommandError", "build_parser", "format_embedding", "main",
+           "parse_args", "save_array"]
 
 class CommandError(Exception):
     """A failure embedctl reports as one line (the message) with exit status 1."""
-
-
-def _ids(value: str) -> list[int]:
-    try:
-        return parse_ids(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _spelling(field: str) -> Callable[[str], str]:
-    # Every spelling client.grammar accepts (token, token_only, COMPOSE_TOKEN_ONLY), checked
-    # here so a bad one is a usage error naming the accepted ones before anything is sent.
-    def check(value: str) -> str:
-        try:
-            enum_value(field, value)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-        return value
-
-    check.__name__ = field
-    return check
 
 
 def _enum_help(field: str) -> str:
@@ -69,44 +59,7 @@ def _enum_help(field: str) -> str:
     return f"also: {', '.join(others)}"
 
 
-def _token_text(token: bytes) -> str:
-    # A BPE token may be a partial UTF-8 sequence: show those as bytes, not as U+FFFD.
-    try:
-        return repr(token.decode("utf-8"))
-    except UnicodeDecodeError:
-        return repr(token)
-
-
-def _us(ns: int) -> str:
-    return f"{ns / 1000:.0f} us"
-
-
-def format_embedding(e: Embedding) -> list[str]:
-    """The lines ``embedctl embed`` prints: shape, identity, ids, a preview, timing."""
-    rows, cols = e.array.shape
-    widened = ""
-    if e.wire_dtype == "bfloat16" and e.array.dtype == np.float32:
-        widened = " (widened to float32)"
-    lines = [f"shape ({rows}, {cols})  dtype {e.wire_dtype}{widened}",
-             f"model {e.model}  version {e.version}  checkpoint {e.checkpoint_id[:12]}",
-             f"token_ids {e.token_ids}",
-             f"start_position {e.start_position}  truncated_tokens {e.truncated_tokens}  "
-             f"untrained_token_indices {e.untrained_token_indices}"]
-    for i in range(min(rows, PREVIEW_ROWS)):
-        values = " ".join(f"{float(v):+.4f}" for v in e.array[i, :PREVIEW_COLS])
-        more = f" ... ({cols} cols)" if cols > PREVIEW_COLS else ""
-        lines.append(f"[{i}] {values}{more}")
-    if rows > PREVIEW_ROWS:
-        lines.append(f"... ({rows - PREVIEW_ROWS} more rows)")
-    t = e.timing
-    lines.append(f"timing  queue {_us(t.queue_ns)}  tokenize {_us(t.tokenize_ns)}  "
-                 f"compute {_us(t.compute_ns)}  total {_us(t.total_ns)}")
-    return lines
-
-
 def _embed(client: EmbeddingClient, args: argparse.Namespace) -> None:
-    if (args.text is None) == (args.ids is None):
-        raise CommandError("embed needs TEXT or --ids (not both)")
     options = {"model": args.model, "version": args.version,
                "start_position": args.start_position, "compose": args.compose,
                "dtype": args.dtype, "truncate": args.truncate,
@@ -132,7 +85,7 @@ def _embed(client: EmbeddingClient, args: argparse.Namespace) -> None:
 def _show(e: Embedding, args: argparse.Namespace) -> None:
     if args.out:
         try:
-            np.save(args.out, e.array)
+            save_array(args.out, e.array)
         except OSError as err:
             raise CommandError(f"cannot write {args.out}: {err.strerror}") from None
     print("\n".join(format_embedding(e)))
@@ -145,7 +98,7 @@ def _tokenize(client: EmbeddingClient, args: argparse.Namespace) -> None:
                                   allow_special_tokens=args.allow_special_tokens)
     print(f"{len(ids)} tokens")
     for i, tok in zip(ids, tokens):
-        print(f"{i:>6}  {_token_text(tok)}")
+        print(f"{i:>6}  {token_text(tok)}")
 
 
 def _detokenize(client: EmbeddingClient, args: argparse.Namespace) -> None:
@@ -183,56 +136,130 @@ def _models(client: EmbeddingClient, args: argparse.Namespace) -> None:
               f"position={m.position}  checkpoint {m.checkpoint_id[:12]}")
 
 
+def _enum_rule(field: str) -> flags.Rule:
+    """Every spelling client.grammar accepts (token, token_only, COMPOSE_TOKEN_ONLY)."""
+    def convert(value: str) -> str:
+        enum_value(field, value)  # ValueError naming the accepted spellings
+        return value
+    spellings = [s for name, short in SPELLINGS[field].items() for s in (*short, name)]
+    return flags.Rule(f"one of {', '.join(spellings)}", convert, explains=True)
+
+
+# What each option accepts (client/flags.py): every option of every subcommand has a rule.
+RULES: dict[str, flags.Rule] = {
+    "target": TARGET,
+    "timeout": flags.number(0, low_open=True, what="a number of seconds"),
+    "token": flags.TOKEN,
+    "tls": flags.SWITCH,
+    "tls_ca": flags.input_file(what="a PEM file"),
+    "tls_cert": flags.input_file(what="a PEM file"),
+    "tls_key": flags.input_file(what="a PEM file"),
+    "model": flags.model_name(empty="the server's default model"),
+    "version": flags.integer(0, MAX_ID, note="0 = the newest loaded"),
+    "text": flags.text(),
+    "ids": flags.Rule(IDS_FORM, parse_ids, explains=True),
+    "start_position": flags.integer(0, UINT32_MAX),
+    "compose": _enum_rule("compose"),
+    "dtype": _enum_rule("dtype"),
+    "truncate": _enum_rule("truncate"),
+    "add_special_tokens": flags.SWITCH,
+    "allow_special_tokens": flags.SWITCH,
+    "out": flags.output_file((".npy",)),
+    "shm": flags.SWITCH,
+    "shm_bytes": flags.integer(1, what="a size in bytes"),
+}
+_TEXT_ONLY = "special tokens are a matter of tokenizing text; ids are sent as given"
+RELATIONS = (
+    flags.one_of("text", "ids", names=("TEXT", "--ids")),
+    flags.conflicts("allow_special_tokens", "ids", _TEXT_ONLY),
+    flags.conflicts("add_special_tokens", "ids", _TEXT_ONLY),
+    flags.needs("shm_bytes", "shm", "it sizes the shared-memory region"),
+    flags.needs("tls_cert", "tls_key", "mutual TLS takes the certificate and its key"),
+    flags.needs("tls_key", "tls_cert", "mutual TLS takes the certificate and its key"),
+    flags.conflicts("tls", "tls_ca", "--tls trusts the system roots, --tls-ca only the "
+                    "given ones (and implies TLS)"),
+)
+ENVIRONMENT = {"target": "EMBED_TARGET", "token": "EMBED_TOKEN"}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The embedctl argument parser."""
-    p = argparse.ArgumentParser(prog="embedctl", description="Talk to the embedding service.")
-    p.add_argument("--target", default=os.environ.get("EMBED_TARGET", DEFAULT_TARGET),
-                   help="host:port (env EMBED_TARGET; default %(default)s)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
-    p.add_argument("--token", default=os.environ.get("EMBED_TOKEN"),
-                   help="bearer token (env EMBED_TOKEN)")
-    p.add_argument("--tls", action="store_true", help="TLS with the system roots")
-    p.add_argument("--tls-ca", help="PEM file of the root certificates to trust")
-    p.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
-    p.add_argument("--tls-key", help="PEM client key (mutual TLS)")
-    sub = p.add_subparsers(dest="command", required=True)
+    """The embedctl argument parser, each option checked by its rule in RULES."""
+    p = flags.OneLineParser(prog="embedctl", description="Talk to the embedding service. "
+                            "A mistake in the options is one line on stderr and exit "
+                            "status 2; a failed call one line and exit status 1.")
+    p.add_argument("--target", metavar="HOST:PORT",
+                   help=f"the service's gRPC port: {TARGET_FORM} (env EMBED_TARGET; "
+                        f"default {DEFAULT_TARGET})")
+    p.add_argument("--timeout", default=10.0, metavar="SECONDS",
+                   help="deadline of each call, seconds > 0 (default %(default)g)")
+    p.add_argument("--token", help="bearer token (env EMBED_TOKEN)")
+    p.add_argument("--tls", action="store_true", help="TLS, trusting the system's roots")
+    p.add_argument("--tls-ca", metavar="PEM", help="TLS, trusting only the root "
+                   "certificates in this file")
+    p.add_argument("--tls-cert", metavar="PEM", help="client certificate (mutual TLS; "
+                   "with --tls-key)")
+    p.add_argument("--tls-key", metavar="PEM", help="client key (mutual TLS; with "
+                   "--tls-cert)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[EmbeddingClient, argparse.Namespace], None],
-                help_: str) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=help_)
-        c.add_argument("--model", default="", help="model name (default: the server's)")
-        c.add_argument("--version", type=int, default=0, help="0 = newest")
+                help_: str, model: bool = True) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_, description=help_)
+        if model:
+            c.add_argument("--model", default="", help="model name (default: the server's "
+                           "default model)")
+            c.add_argument("--version", default=0, help="version, 0 = the newest "
+                           "loaded (default)")
         c.set_defaults(run=run)
         return c
 
     e = command("embed", _embed, "embed TEXT (or --ids) and show the (T, C) array")
-    e.add_argument("text", nargs="?")
-    e.add_argument("--ids", type=_ids, help="token ids instead of TEXT: integers separated "
-                   "by commas, e.g. 1,2,3 (spaces around them are ignored)")
-    e.add_argument("--start-position", type=int, default=0)
-    e.add_argument("--compose", type=_spelling("compose"), default="token+position",
+    e.add_argument("text", nargs="?", metavar="TEXT", help="the text to embed")
+    e.add_argument("--ids", help="token ids instead of TEXT: integers separated by commas, "
+                   "e.g. 1,2,3 (spaces around them are ignored)")
+    e.add_argument("--start-position", default=0, metavar="P",
+                   help="position of the first token, 0..2^32-1 (default 0)")
+    e.add_argument("--compose", default="token+position",
                    metavar="{" + ",".join(COMPOSE) + "}", help=_enum_help("compose"))
-    e.add_argument("--dtype", type=_spelling("dtype"), default="float32",
+    e.add_argument("--dtype", default="float32",
                    metavar="{" + ",".join(DTYPES) + "}", help=_enum_help("dtype"))
     e.add_argument("--add-special-tokens", action=argparse.BooleanOptionalAction,
-                   default=None, help="add (or omit) the model's BOS/EOS; default: "
+                   default=None, help="add (or omit) the model's BOS/EOS to TEXT; default: "
                    "the model's own default")
-    e.add_argument("--truncate", type=_spelling("truncate"), default="none",
+    e.add_argument("--truncate", default="none",
                    metavar="{" + ",".join(TRUNCATE) + "}", help=_enum_help("truncate"))
-    e.add_argument("--allow-special-tokens", action="store_true")
-    e.add_argument("--out", help="save the array here with np.save (.npy)")
+    e.add_argument("--allow-special-tokens", action="store_true",
+                   help="encode '<|endoftext|>' in TEXT as the special token")
+    e.add_argument("--out", metavar="FILE.npy", help="also save the (T, C) array in this "
+                   "file, written with np.save at exactly this path")
     e.add_argument("--shm", action="store_true",
                    help="receive the rows through a /dev/shm region (server on this host)")
-    e.add_argument("--shm-bytes", type=int, default=64 << 20,
+    e.add_argument("--shm-bytes", default=64 << 20, metavar="BYTES",
                    help="size of that region (default 64 MiB)")
     t = command("tokenize", _tokenize, "text -> token ids and token strings")
-    t.add_argument("text")
-    t.add_argument("--allow-special-tokens", action="store_true")
+    t.add_argument("text", metavar="TEXT")
+    t.add_argument("--allow-special-tokens", action="store_true",
+                   help="encode '<|endoftext|>' in TEXT as the special token")
     d = command("detokenize", _detokenize, "comma-separated token ids -> text")
-    d.add_argument("ids", type=_ids)
+    d.add_argument("ids", metavar="IDS", help="integers separated by commas, e.g. 1,2,3")
     command("info", _info, "one model's tables, tokenizer and limits")
-    command("models", _models, "every loaded model version")
+    command("models", _models, "every loaded model version", model=False)
+    flags.install(p, RULES)
     return p
+
+
+def parse_args(argv: Sequence[str] | None = None,
+               environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """The command line, checked: options by RULES, their relations, $EMBED_TARGET and
+    $EMBED_TOKEN, and the files named. A mistake exits with status 2 and one line."""
+    parser = build_parser()
+    args = flags.parse(parser, RULES, argv, RELATIONS, ENVIRONMENT, environ)
+    problem = flags.tls_problem(args.tls_cert, args.tls_key, args.tls_ca, "--tls-ca")
+    if problem is not None:
+        parser.error(problem)
+    if args.target is None:
+        args.target = DEFAULT_TARGET
+    return args
 
 
 def _failure(err: EmbeddingError, args: argparse.Namespace) -> str:
@@ -258,8 +285,8 @@ def _failure(err: EmbeddingError, args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run embedctl; returns the exit status (0 ok, 1 failed, 2 bad usage)."""
-    args = build_parser().parse_args(argv)
+    """Run embedctl; returns the exit status (0 ok, 1 failed, 2 bad usage, 70 a bug)."""
+    args = parse_args(argv)
     try:
         with EmbeddingClient(args.target, timeout=args.timeout, token=args.token,
                              tls=args.tls, root_certificates=args.tls_ca,
@@ -269,14 +296,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EmbeddingError as err:
         print(f"embedctl: {_failure(err, args)}", file=sys.stderr)
         return 1
-    except OSError as err:  # an unreadable TLS file
-        print(f"embedctl: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
+    except OSError as err:  # a TLS file gone since the check, a shared-memory region refused
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"embedctl: {where}{err.strerror or err}", file=sys.stderr)
         return 1
-    except (CommandError, ValueError) as err:
+    except CommandError as err:
         print(f"embedctl: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as err:  # a bug: its traceback goes to a log file, not the terminal
+        return flags.internal_error("embedctl", err)
     return 0
 
 

@@ -15,6 +15,8 @@ import socket
 import ssl
 from dataclasses import dataclass
 
+from client.grammar import split_target
+
 __all__ = ["Listener", "explain", "probe", "split_target"]
 
 # The client connection preface of HTTP/2 (RFC 9113 §3.4) and an empty SETTINGS frame.
@@ -31,14 +33,6 @@ class Listener:
 
     kind: str  # refused | unresolved | timeout | error | tls | grpc | http1 | other
     detail: str = ""
-
-
-def split_target(target: str) -> tuple[str, int] | None:
-    """``host:port`` or ``[v6]:port`` -> (host, port); None for other grpc target forms."""
-    match = re.fullmatch(r"(?:dns:(?:///)?)?\[?([^\[\]/]+?)\]?:(\d{1,5})", target)
-    if match is None or int(match.group(2)) > 65535:
-        return None
-    return match.group(1), int(match.group(2))
 
 
 def _connect(host: str, port: int, timeout: float) -> socket.socket:

@@ -10,6 +10,10 @@ breaks around an item are ignored (``1, 2, 3``); anything else is an error: an e
 (``1,,2``, ``1,2,``), an item that is not a decimal integer (``1 2``, ``1.5``, ``0x10``,
 ``[1``), an item beyond ±(2**53 - 1). Ranges against the vocabulary are the server's check.
 
+Target (where a tool connects): ``host:port`` with a port in 1..65535, ``[IPv6]:port``,
+``dns:///host:port``, or ``unix:PATH``. A URL (``http://host:port``), a missing port or
+port 0 is refused: each is a grpc target that fails only when the connection is tried.
+
 Enum spellings (case as written, no folding): each value has its short name (embedctl's),
 its Open Inference Protocol name and its .proto enum name, e.g. ``token``, ``token_only``,
 ``COMPOSE_TOKEN_ONLY``.
@@ -23,19 +27,24 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from client.rules import Rule
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = [
     "IDS_FORM",
     "MAX_ID",
     "SPELLINGS",
+    "TARGET",
+    "TARGET_FORM",
     "UINT32_MAX",
     "check_bool",
     "check_int",
     "check_option_names",
     "check_str",
     "enum_value",
+    "is_target",
     "parse_ids",
+    "split_target",
     "token_id",
 ]
 
@@ -43,6 +52,10 @@ IDS_FORM = "give integers separated by commas, e.g. 1,2,3"
 MAX_ID = 2**53 - 1  # the largest integer a JavaScript number (the Node client, the page) holds
 UINT32_MAX = 2**32 - 1
 _ITEM = re.compile(r"-?[0-9]+")
+TARGET_FORM = "host:port (port 1..65535), [IPv6]:port, dns:///host:port or unix:PATH"
+_HOST_PORT = re.compile(r"(?:dns:(?:///)?)?(?:\[([0-9A-Fa-f:.]+(?:%[A-Za-z0-9._-]+)?)\]"
+                        r"|([A-Za-z0-9._-]+)):([0-9]{1,5})")
+_UNIX = re.compile(r"unix:[^\s]+")
 _BLANK = " \t\r\n"
 
 # field -> .proto enum name -> its spellings, short name first. One table: every tool
@@ -88,6 +101,24 @@ def parse_ids(text: str) -> list[int]:
             raise ValueError(f"item {n} of the token ids, '{item}', is beyond ±{MAX_ID}")
         ids.append(value)
     return ids
+
+
+def split_target(target: str) -> tuple[str, int] | None:
+    """``host:port``, ``[v6]:port`` or ``dns:///host:port`` -> (host, port); None for
+    anything else (``unix:PATH`` included)."""
+    match = _HOST_PORT.fullmatch(target)
+    if match is None or not 1 <= int(match.group(3)) <= 65535:
+        return None
+    return match.group(1) or match.group(2), int(match.group(3))
+
+
+def is_target(target: str) -> bool:
+    """Whether ``target`` is one of TARGET_FORM's forms."""
+    return split_target(target) is not None or _UNIX.fullmatch(target) is not None
+
+
+# The command-line rule (client/flags.py) of every --target option.
+TARGET = Rule(TARGET_FORM, test=is_target)
 
 
 def check_int(name: str, value: Any, low: int, high: int) -> int:

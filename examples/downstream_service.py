@@ -45,18 +45,32 @@ import numpy as np
 import torch
 from torch import nn
 
-from client import AsyncEmbeddingClient, EmbeddingError
+from client import AsyncEmbeddingClient, EmbeddingError, flags
+from client.grammar import TARGET
 from service.format.checkpoint import (
     EMBEDDINGS_FILE,
     MODEL_FILE,
+    CheckpointError,
     read_safetensors,
     verify_checkpoint,
 )
 from service.local import start_local
+from service.preflight import bind_refusal
 from training.model import GPT, ModelConfig
 
-__all__ = ["METHOD", "Prediction", "RestOfGPT", "downstream_server", "main", "predict",
-           "train_demo_checkpoint"]
+__all__ = [
+    "METHOD",
+    "RELATIONS",
+    "RULES",
+    "Prediction",
+    "RestOfGPT",
+    "build_parser",
+    "downstream_server",
+    "main",
+    "parse_args",
+    "predict",
+    "train_demo_checkpoint",
+]
 
 SERVICE = "downstream.v1.NextToken"
 METHOD = f"/{SERVICE}/Predict"
@@ -70,7 +84,11 @@ class RestOfGPT(nn.Module):
         manifest, self.checkpoint_id = verify_checkpoint(version_dir)  # every sha256
         self.model, self.version = version_dir.parent.name, int(version_dir.name)
         self.vocab_size = manifest.vocab_size
-        c = manifest.provenance["config"]  # the TrainConfig that export recorded
+        c = manifest.provenance.get("config")  # the TrainConfig that export recorded
+        if not isinstance(c, dict) or not (version_dir / MODEL_FILE).is_file():
+            raise ValueError(f"{version_dir}: not a version exported by python -m training "
+                             f"(no {MODEL_FILE} and training config): the downstream "
+                             f"service runs the rest of that trained LM")
         cfg = ModelConfig(vocab_size=manifest.vocab_size, table_rows=manifest.table_rows,
                           block_size=manifest.max_seq_len, n_layer=c["n_layer"],
                           n_head=c["n_head"], n_embd=manifest.dim, position=manifest.position,
@@ -226,23 +244,81 @@ async def _serve(rest: RestOfGPT, embedding_target: str, port: int) -> None:
         await asyncio.Event().wait()
 
 
+PROG = "python examples/downstream_service.py"
+
+
+def _version_dir(path: Path) -> str | None:
+    if not path.is_dir():
+        return "no such directory" if not path.exists() else "is not a directory"
+    if not (path / MODEL_FILE).is_file():
+        return (f"holds no {MODEL_FILE}: give a version directory models/<model>/<N> "
+                f"exported by python -m training")
+    return None
+
+
+RULES: dict[str, flags.Rule] = {
+    "text": flags.text(),
+    "checkpoint": flags.Rule("a version directory models/<model>/<N>", Path,
+                             lambda v: bool(str(v)), _version_dir),
+    "target": TARGET,
+    "port": flags.port(zero="picks a free port"),
+}
+RELATIONS = (
+    flags.needs("checkpoint", "target", "the embedding service serving that version"),
+    flags.needs("target", "checkpoint", "the version whose blocks run here"),
+    flags.needs("port", "checkpoint", "the port is the served downstream service's; the "
+                "demo picks a free one"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, each option checked by its rule in RULES."""
+    parser = flags.OneLineParser(
+        prog=PROG,
+        description="A downstream gRPC service: input embeddings from the embedding "
+                    "service, the rest of the LM here, next-token logits out. Without "
+                    "--checkpoint: a demo that trains a tiny model and asks it once.")
+    parser.add_argument("--text", default="The cat walks to the", help="the text to "
+                        "continue (demo)")
+    parser.add_argument("--checkpoint", metavar="DIR",
+                        help="serve: a version dir models/<model>/<N> with model.safetensors")
+    parser.add_argument("--target", metavar="HOST:PORT",
+                        help="serve: the embedding service serving that version")
+    parser.add_argument("--port", default=50061, help="serve: downstream port (default "
+                        "50061; 0 picks a free one)")
+    flags.install(parser, RULES)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, checked in full; a mistake exits with status 2 and one line."""
+    return flags.parse(build_parser(), RULES, argv, RELATIONS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Demo (default) or serve (--checkpoint/--target/--port)."""
-    parser = argparse.ArgumentParser(
-        prog="python examples/downstream_service.py",
-        description="A downstream gRPC service: input embeddings from the embedding "
-                    "service, the rest of the LM here, next-token logits out.")
-    parser.add_argument("--text", default="The cat walks to the")
-    parser.add_argument("--checkpoint", type=Path,
-                        help="serve: a version dir models/<model>/<N> with model.safetensors")
-    parser.add_argument("--target", help="serve: the embedding service serving that version")
-    parser.add_argument("--port", type=int, default=50061, help="serve: downstream port")
-    args = parser.parse_args(argv)
-    if (args.checkpoint is None) != (args.target is None):
-        parser.error("--checkpoint and --target go together")
+    args = parse_args(argv)
+    try:
+        return _main(args)
+    except (CheckpointError, ValueError) as e:  # a checkpoint that cannot be served
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug: its traceback to a file, one line here
+        return flags.internal_error(PROG, e)
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.checkpoint is not None:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(RestOfGPT(args.checkpoint), args.target, args.port))
+        rest = RestOfGPT(args.checkpoint)
+        try:
+            with contextlib.suppress(KeyboardInterrupt):
+                asyncio.run(_serve(rest, args.target, args.port))
+        except RuntimeError as e:  # grpc's "Failed to bind": the port is taken
+            if "bind" not in str(e).lower():
+                raise
+            print(f"{PROG}: error: {bind_refusal('--port', '127.0.0.1', args.port, e)}",
+                  file=sys.stderr)
+            return 2
         return 0
 
     from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer

@@ -26,11 +26,22 @@ from typing import Any
 
 import torch
 
-from client import EmbeddingClient
+from client import EmbeddingClient, EmbeddingError, flags
+from client.grammar import TARGET, UINT32_MAX
 from service.local import start_local
 
-__all__ = ["HFInputs", "build_hf_gpt2", "fetch_inputs", "import_hf_gpt2",
-           "logits_both_ways", "main"]
+__all__ = [
+    "RELATIONS",
+    "RULES",
+    "HFInputs",
+    "build_hf_gpt2",
+    "build_parser",
+    "fetch_inputs",
+    "import_hf_gpt2",
+    "logits_both_ways",
+    "main",
+    "parse_args",
+]
 
 
 @dataclass(frozen=True)
@@ -110,35 +121,91 @@ def _report(model: Any, client: EmbeddingClient, text: str, name: str, start: in
     return same
 
 
+PROG = "python examples/hf_inputs_embeds.py"
+
+
+def _hf_dir(path: Path) -> str | None:
+    if not path.is_dir():
+        return "no such directory" if not path.exists() else "is not a directory"
+    if not (path / "config.json").is_file():
+        return "holds no config.json: give the directory save_pretrained wrote"
+    return None
+
+
+RULES: dict[str, flags.Rule] = {
+    "text": flags.text(),
+    "start_position": flags.integer(0, UINT32_MAX, what="a position"),
+    "target": TARGET,
+    "hf_dir": flags.Rule("a Hugging Face GPT-2 directory", Path, lambda v: bool(str(v)),
+                         _hf_dir),
+    "model": flags.model_name(),
+    "seed": flags.integer(0, 2**32 - 1),
+}
+RELATIONS = (
+    flags.needs("target", "hf_dir", "the saved HF GPT-2 whose tables that service serves"),
+    flags.needs("hf_dir", "target", "the running service serving its tables"),
+    flags.conflicts("seed", "target", "--seed initialises the local random model; with "
+                    "--target the model is --hf-dir's"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, each option checked by its rule in RULES."""
+    parser = flags.OneLineParser(
+        prog=PROG,
+        description="Embedding-service output as HF GPT-2 inputs_embeds: same logits as "
+                    "input_ids, bit for bit (float32). Without --target: a random GPT-2 "
+                    "built, imported and served here, offline.")
+    parser.add_argument("--text", default="Input embeddings are what the first block reads.",
+                        help="the text to embed")
+    parser.add_argument("--start-position", default=7, metavar="P",
+                        help="position of the first token (sent as start_position and as "
+                             "HF position_ids; default 7)")
+    parser.add_argument("--target", metavar="HOST:PORT",
+                        help="a running service; default: build a random model and serve "
+                             "it here")
+    parser.add_argument("--hf-dir", metavar="DIR",
+                        help="with --target: the saved HF GPT-2 whose tables it serves")
+    parser.add_argument("--model", default="hf-gpt2", help="model name in the repository "
+                        "(default hf-gpt2)")
+    parser.add_argument("--seed", default=0, help="random init of the local model (default 0)")
+    flags.install(parser, RULES)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, checked in full; a mistake exits with status 2 and one line."""
+    return flags.parse(build_parser(), RULES, argv, RELATIONS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; exit status 0 when the logits are bit-identical."""
-    parser = argparse.ArgumentParser(
-        prog="python examples/hf_inputs_embeds.py",
-        description="Embedding-service output as HF GPT-2 inputs_embeds: same logits as "
-                    "input_ids, bit for bit (float32).")
-    parser.add_argument("--text", default="Input embeddings are what the first block reads.")
-    parser.add_argument("--start-position", type=int, default=7,
-                        help="position of the first token (sent as start_position and as "
-                             "HF position_ids)")
-    parser.add_argument("--target", help="a running service; default: build a random "
-                                         "model and serve it here")
-    parser.add_argument("--hf-dir", type=Path,
-                        help="with --target: the saved HF GPT-2 whose tables it serves")
-    parser.add_argument("--model", default="hf-gpt2", help="model name in the repository")
-    parser.add_argument("--seed", type=int, default=0, help="random init of the local model")
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     try:
         import transformers  # noqa: F401  (the HF side of the comparison)
     except ImportError:
-        parser.exit(2, f"{parser.prog}: needs transformers, which `make setup` installs; in "
-                       f"the `make run` environment: .venv/bin/pip install transformers==5.24.0\n")
-    if (args.target is None) != (args.hf_dir is None):
-        parser.error("--target and --hf-dir go together")
+        print(f"{PROG}: needs transformers, which `make setup` installs; in the `make run` "
+              f"environment: .venv/bin/pip install transformers==5.24.0", file=sys.stderr)
+        return 2
+    try:
+        return _main(args)
+    except EmbeddingError as e:  # the service's answer, or why there was none
+        print(f"{PROG}: {args.target or 'the local server'}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug: its traceback to a file, one line here
+        return flags.internal_error(PROG, e)
 
+
+def _main(args: argparse.Namespace) -> int:
     if args.target is not None:
+        try:
+            model = _load_hf(args.hf_dir)
+        except (OSError, ValueError) as e:  # its own words, first line only
+            print(f"{PROG}: error: --hf-dir {args.hf_dir}: not a GPT-2 transformers loads "
+                  f"({str(e).strip().splitlines()[0]})", file=sys.stderr)
+            return 2
         with EmbeddingClient(args.target, timeout=30) as client:
-            same = _report(_load_hf(args.hf_dir), client, args.text, args.model,
-                           args.start_position)
+            same = _report(model, client, args.text, args.model, args.start_position)
         return 0 if same else 1
     with tempfile.TemporaryDirectory(prefix="hf-inputs-embeds-") as tmp:
         hf_dir, repository = Path(tmp) / "hf", Path(tmp) / "models"

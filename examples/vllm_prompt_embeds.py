@@ -35,12 +35,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from client import EmbeddingClient
+from client import EmbeddingClient, EmbeddingError, flags
 from client.codec import Embedding
+from client.grammar import TARGET
 from service.local import start_local
 
-__all__ = ["TORCH_DTYPES", "completions_body", "embeds_prompt", "main",
-           "to_torch"]
+__all__ = [
+    "RELATIONS",
+    "RULES",
+    "TORCH_DTYPES",
+    "build_parser",
+    "completions_body",
+    "embeds_prompt",
+    "main",
+    "parse_args",
+    "to_torch",
+]
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
                 "bfloat16": torch.bfloat16}
@@ -110,34 +120,66 @@ def _show(client: EmbeddingClient, text: str, model: str, dtype: str) -> None:
           f"<{len(body['prompt_embeds'])} base64 chars>, 'max_tokens': 16}}")
 
 
+PROG = "python examples/vllm_prompt_embeds.py"
+RULES: dict[str, flags.Rule] = {
+    "text": flags.text(),
+    "dtype": flags.choice(*sorted(TORCH_DTYPES)),
+    "target": TARGET,
+    "model": flags.model_name(empty="the server's default model"),
+}
+RELATIONS = (flags.needs("model", "target", "the local demo serves one model, gpt2"),)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, each option checked by its rule in RULES."""
+    parser = flags.OneLineParser(
+        prog=PROG,
+        description="Build vLLM's prompt_embeds from the embedding service (token rows, "
+                    "the model's dtype). vLLM itself is not run. Without --target: a "
+                    "random GPT-2's tables served here, offline.")
+    parser.add_argument("--text", default="Input embeddings are what the first block reads.",
+                        help="the text to embed")
+    parser.add_argument("--dtype", default="bfloat16",
+                        metavar="{" + ",".join(sorted(TORCH_DTYPES)) + "}",
+                        help="the dtype vLLM runs the model in (default bfloat16)")
+    parser.add_argument("--target", metavar="HOST:PORT",
+                        help="a running service; default: serve a random GPT-2's tables here")
+    parser.add_argument("--model", help="with --target: the model name (default: the "
+                        "server's default model)")
+    flags.install(parser, RULES)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, checked in full; a mistake exits with status 2 and one line."""
+    return flags.parse(build_parser(), RULES, argv, RELATIONS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Build and print the request objects (vLLM is not called)."""
-    parser = argparse.ArgumentParser(
-        prog="python examples/vllm_prompt_embeds.py",
-        description="Build vLLM's prompt_embeds from the embedding service (token rows, "
-                    "the model's dtype). vLLM itself is not run.")
-    parser.add_argument("--text", default="Input embeddings are what the first block reads.")
-    parser.add_argument("--dtype", choices=sorted(TORCH_DTYPES), default="bfloat16",
-                        help="the dtype vLLM runs the model in")
-    parser.add_argument("--target", help="a running service; default: serve a random "
-                                         "GPT-2's tables here")
-    parser.add_argument("--model", default="", help="model name ('' = server default)")
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     try:
         import transformers  # noqa: F401  (the HF side of the comparison)
     except ImportError:
-        parser.exit(2, f"{parser.prog}: needs transformers, which `make setup` installs; in "
-                       f"the `make run` environment: .venv/bin/pip install transformers==5.24.0\n")
-    if args.target is not None:
-        with EmbeddingClient(args.target, timeout=30, raw_bfloat16=True) as client:
-            _show(client, args.text, args.model, args.dtype)
-        return 0
-    with tempfile.TemporaryDirectory(prefix="vllm-prompt-embeds-") as tmp:
-        repository = Path(tmp) / "models"
-        _build_gpt2(repository, "gpt2", seed=0)
-        with start_local(repository, "gpt2") as server, \
-                EmbeddingClient(server.target, timeout=30, raw_bfloat16=True) as client:
-            _show(client, args.text, args.model or "gpt2", args.dtype)
+        print(f"{PROG}: needs transformers, which `make setup` installs; in the `make run` "
+              f"environment: .venv/bin/pip install transformers==5.24.0", file=sys.stderr)
+        return 2
+    try:
+        if args.target is not None:
+            with EmbeddingClient(args.target, timeout=30, raw_bfloat16=True) as client:
+                _show(client, args.text, args.model or "", args.dtype)
+            return 0
+        with tempfile.TemporaryDirectory(prefix="vllm-prompt-embeds-") as tmp:
+            repository = Path(tmp) / "models"
+            _build_gpt2(repository, "gpt2", seed=0)
+            with start_local(repository, "gpt2") as server, \
+                    EmbeddingClient(server.target, timeout=30, raw_bfloat16=True) as client:
+                _show(client, args.text, "gpt2", args.dtype)
+    except EmbeddingError as e:  # the service's answer, or why there was none
+        print(f"{PROG}: {args.target or 'the local server'}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug: its traceback to a file, one line here
+        return flags.internal_error(PROG, e)
     return 0
 
 

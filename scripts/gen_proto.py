@@ -8,13 +8,16 @@ regenerates into a temporary folder and fails if the committed code is stale.
 
 from __future__ import annotations
 
+import argparse
 import filecmp
 import shutil
-import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["generate", "main"]
+from client import flags
+
+__all__ = ["RULES", "build_parser", "generate", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
@@ -46,9 +49,22 @@ def generate(out: Path) -> list[Path]:
     return written
 
 
-def main() -> None:
+RULES = {"check": flags.SWITCH}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (an unknown option is refused, never taken as 'regenerate')."""
+    parser = flags.OneLineParser(prog="scripts/gen_proto.py", description="Generate genproto/ "
+                                 "from proto/ (make proto).")
+    parser.add_argument("--check", action="store_true", help="regenerate into a temporary "
+                        "folder and fail if the committed genproto/ differs (make check)")
+    flags.install(parser, RULES)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     """``gen_proto.py`` regenerates; ``gen_proto.py --check`` fails if genproto is stale."""
-    if "--check" not in sys.argv:
+    if not flags.parse(build_parser(), RULES, argv).check:
         shutil.rmtree(OUT, ignore_errors=True)
         generate(OUT)
         print(f"proto: generated {OUT.relative_to(ROOT)}")

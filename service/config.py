@@ -3,8 +3,11 @@
 Every flag has an ``EMBED_*`` environment fallback (``--grpc-port`` ↔ ``EMBED_GRPC_PORT``);
 a flag given on the command line wins. Each field's ``help`` metadata is the one place a
 knob is described: ``python -m service --help`` prints it with the flag's environment
-variable and default, read from the same field. Nothing here reads the environment at
-import.
+variable and default, read from the same field. ``RULES`` (service/config_rules.py) says
+what each field accepts: a flag or variable that cannot work is refused as it is parsed,
+naming it, and a config built in code is checked by the same rules. What the filesystem must hold
+(the repository, the TLS files) is checked by service/preflight.py before anything is
+bound. Nothing here reads the environment at import.
 """
 
 from __future__ import annotations
@@ -12,18 +15,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import NoReturn
 
-from genproto.embedding.v1 import embedding_pb2 as pb
+from client import flags
+from service.config_rules import RULES, TABLE_DTYPE_NAMES, parse_pins
 
-# The storage dtypes, named from the generated enum as service/dtypes.py names them (that
-# module imports torch, which the workers' supervising parent never loads).
-TABLE_DTYPE_NAMES = tuple(name.removeprefix("DTYPE_").lower() for name, _ in pb.DType.items())
-
-__all__ = ["ServerConfig", "env_name", "exit_with", "flag_name", "parse_config", "parse_pins"]
+__all__ = ["RULES", "ServerConfig", "env_name", "exit_with", "flag_name", "parse_config",
+           "parse_pins"]
 
 
 def _help(text: str) -> dict[str, str]:
@@ -39,22 +40,6 @@ def flag_name(name: str) -> str:
 def env_name(name: str) -> str:
     """``max_batch_tokens`` → ``EMBED_MAX_BATCH_TOKENS``."""
     return "EMBED_" + name.upper()
-
-
-def parse_pins(spec: str) -> dict[str, int]:
-    """``"a=3,b=1"`` → {"a": 3, "b": 1}; ValueError naming the flag and the bad part."""
-    pins: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, version = part.partition("=")
-        name = name.strip()
-        version = version.strip()
-        if not name or not version.isascii() or not version.isdigit() or int(version) < 1:
-            raise ValueError(f"--pin-versions: {part!r} is not <model>=<version> with a "
-                             f"positive version, e.g. --pin-versions tiny=3,other=1")
-        if name in pins:
-            raise ValueError(f"--pin-versions: model {name!r} is pinned twice")
-        pins[name] = int(version)
-    return pins
 
 
 @dataclass(frozen=True)
@@ -174,53 +159,36 @@ class ServerConfig:
             raise ValueError(message)
 
     def _problems(self) -> list[str]:
-        """What makes this config unusable, each naming its flag and the accepted values."""
+        """What makes this config unusable, each naming its flag and the accepted values:
+        each field by its rule, then the rules between fields."""
         problems = []
-        if self.table_dtype not in ("stored", *TABLE_DTYPE_NAMES):
-            problems.append(f"--table-dtype {self.table_dtype!r}: choose one of "
-                            f"stored, {', '.join(TABLE_DTYPE_NAMES)}")
-        if self.log_format not in ("json", "text"):
-            problems.append(f"--log-format {self.log_format!r}: choose json or text")
-        if self.max_batch_tokens <= 0 or self.max_queue_tokens < self.max_batch_tokens:
+        for f in fields(self):
+            problem = RULES[f.name].problem(getattr(self, f.name))
+            if problem is not None:
+                problems.append(f"{flag_name(f.name)}: {problem}")
+        if problems:
+            return problems
+        if self.max_queue_tokens < self.max_batch_tokens:
             problems.append(f"--max-batch-tokens {self.max_batch_tokens} and "
                             f"--max-queue-tokens {self.max_queue_tokens}: need "
-                            f"0 < --max-batch-tokens <= --max-queue-tokens")
+                            f"--max-batch-tokens <= --max-queue-tokens")
         if bool(self.tls_cert) != bool(self.tls_key):
             problems.append("--tls-cert and --tls-key go together: give both or neither")
         if self.tls_client_ca and not self.tls_cert:
             problems.append("--tls-client-ca needs --tls-cert and --tls-key (TLS on)")
-        for name in ("max_output_bytes", "max_concurrent_rpcs", "max_unsent_bytes",
-                     "max_batch_delay_us", "tokenize_threads", "torch_threads",
-                     "poll_seconds", "load_grace_seconds", "shutdown_grace_seconds"):
-            if getattr(self, name) < 0:
-                problems.append(f"{flag_name(name)} {getattr(self, name)}: must be >= 0")
-        for name in ("max_inputs_per_request", "max_request_text_bytes",
-                     "max_stream_buffer_bytes", "max_tokens_per_request", "max_text_bytes",
-                     "max_message_bytes", "workers"):
-            if getattr(self, name) < 1:
-                problems.append(f"{flag_name(name)} {getattr(self, name)}: must be >= 1")
-        if not 0.0 <= self.trace_sample_ratio <= 1.0:
-            problems.append(f"--trace-sample-ratio {self.trace_sample_ratio}: must be in 0..1")
-        if not 0 < self.max_shm_regions_per_identity <= self.max_shm_regions:
-            problems.append("need 0 < --max-shm-regions-per-identity <= --max-shm-regions")
+        if self.max_shm_regions_per_identity > self.max_shm_regions:
+            problems.append("need --max-shm-regions-per-identity <= --max-shm-regions")
+        if self.ui and self.http_port == -1:
+            problems.append("--ui needs the HTTP port: --http-port is -1 (off)")
         problems.extend(self._port_problems())
-        try:
-            parse_pins(self.pin_versions)
-        except ValueError as e:
-            problems.append(str(e))
         return problems
 
     def _port_problems(self) -> list[str]:
         problems = []
         last_metrics = self.metrics_port + self.workers - 1 if self.metrics_port > 0 else 0
-        for name, low in (("grpc_port", 0), ("http_port", -1), ("metrics_port", -1)):
-            port = getattr(self, name)
-            top = last_metrics if name == "metrics_port" else port
-            if port < low or top > 65535:
-                off = "" if low == 0 else ", or -1 for off"
-                problems.append(f"{flag_name(name)} {port}: must be a port in 0..65535{off}"
-                                + (f" (worker {self.workers - 1} would use {top})"
-                                   if top != port else ""))
+        if last_metrics > 65535:
+            problems.append(f"--metrics-port {self.metrics_port}: worker {self.workers - 1} "
+                            f"would use {last_metrics}, past 65535")
         if self.workers > 1 and self.grpc_port == 0:
             problems.append("--workers > 1 needs a fixed --grpc-port (0 would differ per "
                             "worker)")
@@ -239,13 +207,6 @@ class ServerConfig:
         return problems
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse, but a mistake is one line on stderr and exit status 2 (no usage block)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def _is_bool(annotation: object) -> bool:
     return str(annotation).replace(" ", "") in ("bool", "bool|None")
 
@@ -260,6 +221,7 @@ def _env_bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
+_ENV_BOOL = flags.Rule("1 or 0 (true/false, yes/no, on/off)", _env_bool)
 _METAVARS: dict[type, str] = {str: "TEXT", int: "N", float: "X"}
 
 
@@ -270,7 +232,7 @@ def _shown(default: object) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(
+    parser = flags.OneLineParser(
         prog="python -m service",
         description="Serve input embeddings over gRPC (native and Open Inference Protocol) "
                     "and HTTP. Every flag also reads its EMBED_* environment variable; a "
@@ -284,9 +246,10 @@ def _parser() -> argparse.ArgumentParser:
                                 action=argparse.BooleanOptionalAction, help=text)
             continue
         kind = type(f.default)
-        metavar = "PATH" if isinstance(f.default, Path) else _METAVARS[kind]
-        parser.add_argument(flag_name(f.name), dest=f.name, type=kind, default=None,
-                            metavar=metavar, help=text)
+        metavar = "PATH" if RULES[f.name].place is not None else _METAVARS[kind]
+        parser.add_argument(flag_name(f.name), dest=f.name, default=None, metavar=metavar,
+                            help=text)
+    flags.install(parser, RULES)
     return parser
 
 
@@ -300,15 +263,12 @@ def parse_config(argv: Sequence[str] | None = None,
     ns = parser.parse_args(argv)
     values: dict[str, object] = {}
     for f in fields(ServerConfig):
-        kind: Callable[[str], object] = _env_bool if _is_bool(f.type) else type(f.default)
+        # Every variable set is checked, also one a flag overrides: it is still a mistake
+        # in the environment, waiting for the start without that flag.
+        rule = _ENV_BOOL if _is_bool(f.type) else RULES[f.name]
+        from_env = flags.from_env(parser, rule, env_name(f.name), env)
         value = getattr(ns, f.name)
-        if value is None and env_name(f.name) in env:
-            raw = env[env_name(f.name)]
-            try:
-                value = kind(raw)
-            except ValueError:
-                name = getattr(kind, "__name__", "") if kind is not _env_bool else "bool (1|0)"
-                parser.error(f"{env_name(f.name)}={raw!r} is not a valid {name}")
+        value = from_env if value is None else value
         if value is not None:
             values[f.name] = value
     try:

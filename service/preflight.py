@@ -1,10 +1,12 @@
 """Start-up checks: refuse, in one line, a configuration that cannot work.
 
 Run once before anything is bound or loaded (``python -m service`` and the ``--workers``
-parent, which never imports torch): the model repository is a directory, the default
-model and every pin name something in a non-empty repository, and every listener's port
-is free on ``--host``. Each refusal is a :class:`StartupError` whose message names the
-flag, path or port and what to do; ``__main__`` prints it as one line and exits 2.
+parent, which never imports torch): what the filesystem must hold for each setting's rule
+(the model repository is a directory, the TLS and token files are readable files:
+``Rule.place`` in service/config_rules.py), the default model and every pin name something
+in a non-empty repository, and every listener's port is free on ``--host``. Each refusal
+is a :class:`StartupError` whose message names the flag, path or port and what to do;
+``__main__`` prints it as one line and exits 2.
 
 An existing but empty repository is accepted on purpose: a training job or an init
 container may still be filling it, and the server starts live but not ready (health
@@ -20,10 +22,12 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from service.config import ServerConfig, env_name, parse_pins
+from client import flags
+from service.config import RULES, ServerConfig, parse_pins
+from service.rpc.identity import parse_tokens
 
 __all__ = ["StartupError", "bind_refusal", "check_config", "check_device", "check_ports",
-           "listeners"]
+           "check_tls", "check_tokens_file", "listeners"]
 
 # A version folder's name, as service/format/checkpoint.py's _VERSION (which imports
 # torch; the workers' parent never does). tests/service/test_startup.py checks they agree.
@@ -37,13 +41,11 @@ class StartupError(Exception):
 def check_config(config: ServerConfig) -> None:
     """The repository, default model, pins and files: StartupError on the first problem."""
     root = config.model_repository
-    if not root.is_dir():
-        what = "is not a directory" if root.exists() else "does not exist"
-        raise StartupError(
-            f"--model-repository {root}: {what}; create it (an empty one is served once "
-            f"a version appears) or point --model-repository / "
-            f"{env_name('model_repository')} at the directory holding "
-            f"<model>/<version>/")
+    refusal = flags.check_places(RULES, vars(config))  # the repository, the TLS and token files
+    if refusal is not None:
+        raise StartupError(refusal)
+    check_tls(config)
+    check_tokens_file(config.auth_tokens)
     try:
         models = _models(root)
     except OSError as e:
@@ -64,10 +66,27 @@ def check_config(config: ServerConfig) -> None:
                 raise StartupError(
                     f"--pin-versions {name}={version}: {root / name} has no version "
                     f"{version} (versions: {have}); pin one that is there, or remove the pin")
-    for name in ("tls_cert", "tls_key", "tls_client_ca", "auth_tokens"):
-        path = getattr(config, name)
-        if path and not Path(path).is_file():
-            raise StartupError(f"--{name.replace('_', '-')} {path}: no such file")
+
+
+def check_tls(config: ServerConfig) -> None:
+    """The TLS files are what they are named (client/flags.py's tls_problem)."""
+    problem = flags.tls_problem(config.tls_cert, config.tls_key, config.tls_client_ca,
+                                "--tls-client-ca")
+    if problem is not None:
+        raise StartupError(problem)
+
+
+def check_tokens_file(path: str) -> None:
+    """``--auth-tokens`` holds ``name token`` lines as the server reads them (it re-reads the
+    file when it changes; a bad edit then is logged and the old table kept)."""
+    if not path:
+        return
+    try:
+        parse_tokens(Path(path).read_bytes().decode("utf-8"), path)
+    except UnicodeDecodeError as e:
+        raise StartupError(f"--auth-tokens {path}: not UTF-8 text (byte {e.start})") from None
+    except ValueError as e:  # names the line: "<path>:<line>: expected 'name token'"
+        raise StartupError(f"--auth-tokens {e}") from None
 
 
 def _models(root: Path) -> dict[str, set[int]]:

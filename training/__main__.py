@@ -1,8 +1,10 @@
 """``python -m training``: tokenize, train, plot, export (``--help`` lists every flag).
 
-A mistake a person can make (``--data`` matching nothing, ``--resume`` without state, a
-device that is not there, a corpus too small) is one line on stderr and exit status 2,
-checked before the corpus is tokenized where it can be (training/errors.py).
+A mistake a person can make (a flag's value, ``--data`` matching nothing, ``--resume``
+without state, an output directory that cannot be made, a device that is not there, a
+corpus too small) is one line on stderr and exit status 2, checked before the corpus is
+tokenized where it can be (training/errors.py). A bug is one line saying "internal error"
+and naming the file holding its traceback, exit status 70.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from client.flags import internal_error
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from training import distributed
-from training.config import TrainConfig, parse_config
+from training.config import TrainConfig, check_places, parse_config
 from training.data import load_tokens, resolve_sources
 from training.errors import UsageError
 from training.export import export_model
@@ -22,7 +25,9 @@ from training.plot import PlotsUnavailable, plot_losses
 from training.state import check_resumable, state_path
 from training.train import TrainResult, train
 
-__all__ = ["main", "run"]
+__all__ = ["check_inputs", "execute", "main", "run"]
+
+PROG = "python -m training"
 
 
 def run(cfg: TrainConfig) -> tuple[TrainResult, Path | None]:
@@ -62,25 +67,39 @@ def run(cfg: TrainConfig) -> tuple[TrainResult, Path | None]:
 
 
 def check_inputs(cfg: TrainConfig) -> None:
-    """What can be refused before any work: the --data sources and the --resume state."""
+    """What can be refused before any work: the output directories, the --data sources
+    and the --resume state."""
+    refusal = check_places(cfg)
+    if refusal is not None:
+        raise UsageError(refusal)
     resolve_sources(cfg.data)
     if cfg.resume:
         check_resumable(state_path(Path(cfg.runs_dir), cfg.name))
-    out = Path(cfg.out_repository)
-    if cfg.export and out.exists() and not out.is_dir():
-        raise UsageError(f"--out-repository {out}: is a file, not a directory")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; 0 on success, 2 with one line on a mistake in the flags or inputs."""
-    cfg = parse_config(argv)
+def execute(cfg: TrainConfig, prog: str = PROG) -> int:
+    """Check the inputs, then run: 0 done, 2 a mistake (one line), 1 the machine refused
+    (a disk full, a permission), 70 a bug (one line naming the log of its traceback)."""
     try:
         check_inputs(cfg)
         run(cfg)
     except UsageError as e:
-        print(f"python -m training: error: {e}", file=sys.stderr, flush=True)
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return 2
+    except OSError as e:  # the machine's answer (disk full, permissions): not a bug
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"{prog}: {where}{e.strerror or e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug: its traceback to a file, one line here
+        return internal_error(prog, e)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; 0 on success, 2 with one line on a mistake in the flags or inputs."""
+    return execute(parse_config(argv))
 
 
 if __name__ == "__main__":

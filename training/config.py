@@ -2,7 +2,11 @@
 
 Each flag ``--foo-bar`` falls back to the environment variable ``EMBED_TRAIN_FOO_BAR``,
 then to the default below. The defaults are the `make run` model: small enough to train
-in under 3 minutes on 2 CPU cores (measured in docs/training.md).
+in under 3 minutes on 2 CPU cores (measured in docs/training.md). What each accepts is its
+rule in training/config_rules.py: a flag or variable that cannot work is refused as it is
+parsed, naming it, and a config built in code is checked by the same rules. What the
+filesystem must hold (the output directories) is checked by ``python -m training`` before
+any work (``check_places``).
 """
 
 from __future__ import annotations
@@ -11,20 +15,19 @@ import argparse
 import dataclasses
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, NoReturn
+from typing import Any
 
+from client import flags
+from training.config_rules import ADAMW_IMPLS, HEAD_CHOICES, HELP, RULES, field_problems
 from training.loss import DEFAULT_CHUNK, HEAD_PRECISIONS, auto_head_precision
 from training.model import POSITIONS, ModelConfig
 
-__all__ = ["ADAMW_IMPLS", "ENV_PREFIX", "HEAD_CHOICES", "TrainConfig", "compiler_available",
-           "compilers_for", "parse_config"]
+__all__ = ["ADAMW_IMPLS", "ENV_PREFIX", "HEAD_CHOICES", "TrainConfig", "check_places",
+           "compiler_available", "compilers_for", "parse_config"]
 
 ENV_PREFIX = "EMBED_TRAIN_"
-# torch's three AdamW kernels: one loop per tensor, multi-tensor (foreach), one fused pass.
-ADAMW_IMPLS = ("single", "foreach", "fused")
-HEAD_CHOICES = ("auto", *HEAD_PRECISIONS)  # auto: resolved per device by TrainConfig.resolved
 
 
 def compilers_for(device_type: str) -> tuple[str, ...]:
@@ -101,21 +104,37 @@ class TrainConfig:
     progress: bool = True  # progress on stderr: tqdm bar, or plain lines without tqdm
 
     def __post_init__(self) -> None:
-        if self.grad_accum < 1 or self.batch_size % self.grad_accum:
-            raise ValueError(f"--batch-size {self.batch_size} is not divisible by "
-                             f"--grad-accum {self.grad_accum}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"--val-fraction {self.val_fraction}: must be in (0, 1)")
-        if self.max_steps <= 0 or self.warmup_steps < 0:
-            raise ValueError("--max-steps must be > 0 and --warmup-steps >= 0")
-        if self.adamw_impl not in ADAMW_IMPLS:
-            raise ValueError(f"--adamw-impl {self.adamw_impl!r} not in {ADAMW_IMPLS}")
-        if self.block_precision not in HEAD_PRECISIONS:
-            raise ValueError(f"--block-precision {self.block_precision!r} not in "
-                             f"{HEAD_PRECISIONS}")
-        if self.head_precision not in HEAD_CHOICES:
-            raise ValueError(f"--head-precision {self.head_precision!r} not in {HEAD_CHOICES}")
+        for problem in [*field_problems(dataclasses.asdict(self)), *self._relations()]:
+            raise ValueError(problem)
         self.model_config(vocab_size=1)  # shape checks live in ModelConfig
+
+    def _relations(self) -> list[str]:
+        """The rules between fields, each naming the flags."""
+        problems = []
+        if self.batch_size % self.grad_accum:
+            problems.append(f"--batch-size {self.batch_size} is not divisible by "
+                            f"--grad-accum {self.grad_accum}")
+        if self.n_embd % self.n_head:
+            problems.append(f"--n-embd {self.n_embd} is not divisible by --n-head "
+                            f"{self.n_head}")
+        elif self.position == "none" and (self.n_embd // self.n_head) % 2:
+            problems.append(f"--position none (RoPE) needs an even head width: --n-embd "
+                            f"{self.n_embd} / --n-head {self.n_head} is odd")
+        if self.head_precision == "bf16" and not self.loss_chunk:
+            problems.append("--head-precision bf16 needs the chunked loss: --loss-chunk > 0")
+        if self.tie_weights and self.sparse_embeddings:
+            problems.append("--sparse-embeddings needs an untied head (tied rows are all "
+                            "dense): drop --tie-weights")
+        if self.resume and self.resume_if_present:
+            problems.append("--resume and --resume-if-present cannot go together: --resume "
+                            "insists on the state, --resume-if-present starts fresh without")
+        for name in ("stop_at", "checkpoint_every"):
+            value = getattr(self, name)
+            if value >= self.max_steps:
+                problems.append(f"--{name.replace('_', '-')} {value} must be below "
+                                f"--max-steps {self.max_steps} (0 = "
+                                f"{'run to the end' if name == 'stop_at' else 'at the end'})")
+        return problems
 
     def resolved(self, device_type: str) -> TrainConfig:
         """This config as it runs on ``device_type``: ``head_precision`` auto made
@@ -156,13 +175,6 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse, but a mistake is one line on stderr and exit status 2 (no usage block)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def _parse_bool(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -172,49 +184,82 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
-def _from_env(parser: argparse.ArgumentParser, name: str, raw: str | None,
-              kind: Callable[[str], Any], default: Any) -> Any:
-    """An EMBED_TRAIN_* value, or the default; a bad one is a one-line error naming it."""
-    if raw is None:
-        return default
-    try:
-        return kind(raw)
-    except ValueError:
-        parser.error(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid "
-                     f"{'bool (1|0)' if kind is _parse_bool else kind.__name__}")
+_ENV_BOOL = flags.Rule("1 or 0 (true/false, yes/no, on/off)", _parse_bool)
+# Given on the command line, each of these is meaningless with the other setting named.
+RELATIONS = (
+    flags.Relation(("out_repository", "export"), lambda values, given: (
+        "--out-repository needs --export: with --no-export nothing is written there"
+        if "out_repository" in given and not values["export"] else None)),
+    flags.Relation(("compile_min_steps", "compile"), lambda values, given: (
+        "--compile-min-steps and --compile cannot go together: --compile compiles whatever "
+        "the run's length" if "compile_min_steps" in given and values["compile"] else None)),
+)
+
+
+_METAVARS: dict[Any, str] = {
+    int: "N", float: "X", str: "TEXT", "data": "PATH", "cache_dir": "DIR", "runs_dir": "DIR",
+    "out_repository": "DIR", "name": "NAME", "device": "DEVICE",
+    "position": "{" + ",".join(POSITIONS) + "}", "adamw_impl": "{" + ",".join(ADAMW_IMPLS) + "}",
+    "head_precision": "{" + ",".join(HEAD_CHOICES) + "}",
+    "block_precision": "{" + ",".join(HEAD_PRECISIONS) + "}"}
+
+
+def _parser(defaults: TrainConfig) -> argparse.ArgumentParser:
+    parser = flags.OneLineParser(
+        prog="python -m training",
+        description="Train a small GPT and export its tables. Every flag also reads "
+                    "EMBED_TRAIN_<FLAG> (booleans 1|0, --data paths separated by ':'); a flag "
+                    "given here wins. A mistake in a flag or input is one line and exit "
+                    "status 2.")
+    for f in fields(TrainConfig):
+        default = getattr(defaults, f.name)
+        shown = "pydoc_data.topics" if f.name == "data" else default
+        accepts = f"; {RULES[f.name].accepts}" if RULES[f.name].takes_value else ""
+        text = f"{HELP[f.name]}{accepts} (default {shown}; env {ENV_PREFIX}{f.name.upper()})"
+        if isinstance(default, bool):
+            parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction,
+                                default=None, help=text.replace("%", "%%"))
+        else:
+            parser.add_argument(_flag(f.name), default=None, help=text.replace("%", "%%"),
+                                nargs="+" if f.name == "data" else None,
+                                metavar=_METAVARS.get(f.name) or _METAVARS[type(default)])
+    flags.install(parser, RULES)
+    return parser
 
 
 def parse_config(argv: Sequence[str] | None = None,
                  env: Mapping[str, str] | None = None) -> TrainConfig:
-    """Flags, then EMBED_TRAIN_* environment variables, then the defaults."""
+    """Flags, then EMBED_TRAIN_* environment variables, then the defaults; a mistake exits
+    with status 2 and one line naming the flag or variable."""
     env = os.environ if env is None else env
     defaults = TrainConfig()
-    parser = _OneLineParser(prog="python -m training",
-                            description="Train a small GPT and export its tables. A mistake "
-                                        "in a flag or input is one line and exit status 2.")
-    for f in fields(TrainConfig):
-        default = getattr(defaults, f.name)
-        raw = env.get(ENV_PREFIX + f.name.upper())
-        if f.name == "data":
-            env_data = tuple(raw.split(os.pathsep)) if raw else default
-            parser.add_argument("--data", nargs="+", default=list(env_data),
-                                help="text files, globs, directories or .jsonl "
-                                     "(default: pydoc_data.topics)")
-        elif isinstance(default, bool):
-            value = _from_env(parser, f.name, raw, _parse_bool, default)
-            parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction,
-                                default=value)
-        else:
-            kind = type(default)
-            value = _from_env(parser, f.name, raw, kind, default)
-            choices = {"position": POSITIONS, "adamw_impl": ADAMW_IMPLS,
-                       "head_precision": HEAD_CHOICES,
-                       "block_precision": HEAD_PRECISIONS}.get(f.name)
-            parser.add_argument(_flag(f.name), type=kind, default=value, choices=choices,
-                                help=f"(default {value}; env {ENV_PREFIX}{f.name.upper()})")
+    parser = _parser(defaults)
     ns = vars(parser.parse_args(argv))
-    ns["data"] = tuple(ns["data"])
+    values: dict[str, Any] = {}
+    for f in fields(TrainConfig):
+        # Every variable set is checked, also one a flag overrides: it is still a mistake
+        # in the environment, waiting for the run without that flag.
+        var = ENV_PREFIX + f.name.upper()
+        if f.name == "data":
+            from_env = [flags.from_env(parser, RULES["data"], var, {var: item})
+                        for item in env[var].split(os.pathsep)] if env.get(var) else None
+        else:
+            rule = _ENV_BOOL if isinstance(f.default, bool) else RULES[f.name]
+            from_env = flags.from_env(parser, rule, var, env)
+        value = ns[f.name] if ns[f.name] is not None else from_env
+        values[f.name] = getattr(defaults, f.name) if value is None else value
+    values["data"] = tuple(values["data"])
+    flags.check_relations(parser, RELATIONS, values, flags.given(parser, argv))
     try:
-        return TrainConfig(**ns)
+        return TrainConfig(**values)
     except ValueError as e:
         parser.error(str(e))
+
+
+def check_places(cfg: TrainConfig) -> str | None:
+    """The first output directory that cannot be written where it is named (its parent
+    missing, or a file in its place), as one line; None when all can."""
+    values = {name: getattr(cfg, name) for name in ("cache_dir", "runs_dir")}
+    if cfg.export:
+        values["out_repository"] = cfg.out_repository
+    return flags.check_places(RULES, values)

@@ -7,7 +7,10 @@
       untrained [--limit N]          token ids whose row no training step ever updated
 
 Only rows below ``vocab_size`` are real tokens: padding rows (nanoGPT's 50257..50303)
-are never inputs, so they are left out of neighbours and counts.
+are never inputs, so they are left out of neighbours and counts. A figure is written at
+exactly the ``--out`` path, in the format its suffix names (.png, .svg or .pdf). A mistake
+(an option, a model or version that is not there, a checkpoint that cannot be read) is one
+line and exit status 2; a bug one line naming the log of its traceback (exit status 70).
 """
 
 from __future__ import annotations
@@ -21,16 +24,35 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from client import flags
+from client.flags import internal_error
 from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
 from service.format.hf_tokenizer import TextTokenizer, load_text_tokenizer
 from service.format.positions import sinusoidal_table
 from training.plot import PlotsUnavailable, pyplot
 
-__all__ = ["InspectError", "LoadedModel", "load_model", "lookup_figure_size", "main",
-           "nearest_tokens", "plot_lookup", "plot_positions", "position_similarity",
-           "token_string", "untrained_tokens"]
+__all__ = [
+    "FIGURE_SUFFIXES",
+    "RELATIONS",
+    "RULES",
+    "InspectError",
+    "LoadedModel",
+    "load_model",
+    "lookup_figure_size",
+    "main",
+    "nearest_tokens",
+    "parse_args",
+    "plot_lookup",
+    "plot_positions",
+    "position_similarity",
+    "token_string",
+    "untrained_tokens",
+]
 
+PROG = "python -m training.inspect"
 _DPI = 100  # figures are saved at a fixed size (no tight bbox), so pixel sizes are exact
+# The formats matplotlib's Agg backend writes, by suffix: the file's name says its format.
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 class InspectError(Exception):
@@ -67,7 +89,11 @@ def load_model(repository: Path, model: str, version: int | None = None) -> Load
     if ckpt.manifest.tokenizer is None or ckpt.tokenizer_path is None:
         raise InspectError(f"{model_dir / str(version)}: imported without a tokenizer "
                            f"(ids-only); inspect needs one to name tokens")
-    return LoadedModel(ckpt, load_text_tokenizer(ckpt.manifest.tokenizer, ckpt.tokenizer_path))
+    try:
+        tokenizer = load_text_tokenizer(ckpt.manifest.tokenizer, ckpt.tokenizer_path)
+    except (ValueError, TypeError) as e:  # each names the file and what is wrong with it
+        raise InspectError(str(e)) from None
+    return LoadedModel(ckpt, tokenizer)
 
 
 def token_string(tokenizer: TextTokenizer, token_id: int) -> str:
@@ -101,6 +127,15 @@ def position_similarity(position_table: torch.Tensor) -> torch.Tensor:
     return rows @ rows.T  # (max_seq_len, max_seq_len)
 
 
+def _format(out: Path) -> str:
+    """The figure format ``out``'s suffix names (given explicitly, matplotlib never appends
+    a suffix of its own to the path)."""
+    suffix = out.suffix.lower()
+    if suffix not in FIGURE_SUFFIXES:
+        raise InspectError(f"{out}: name a {', '.join(FIGURE_SUFFIXES)} file")
+    return suffix[1:]
+
+
 def plot_positions(similarity: torch.Tensor, out: Path, title: str) -> None:
     """Heatmap of position-row cosine similarity, saved as a 600x500 PNG."""
     plt = pyplot()
@@ -109,7 +144,7 @@ def plot_positions(similarity: torch.Tensor, out: Path, title: str) -> None:
                       interpolation="nearest")
     ax.set(title=title, xlabel="position", ylabel="position")
     fig.colorbar(image, ax=ax, label="cosine similarity")
-    fig.savefig(out, dpi=_DPI)
+    fig.savefig(out, dpi=_DPI, format=_format(out))
     plt.close(fig)
 
 
@@ -139,7 +174,7 @@ def plot_lookup(panels: Sequence[tuple[str, torch.Tensor]], labels: Sequence[str
     axes[0][0].set_yticks(rows, [labels[t] for t in rows], fontsize=8)
     fig.suptitle(title)
     fig.colorbar(images[0], ax=axes[0].tolist(), label="value")
-    fig.savefig(out, dpi=_DPI)
+    fig.savefig(out, dpi=_DPI, format=_format(out))
     plt.close(fig)
 
 
@@ -201,40 +236,71 @@ _COMMANDS = {"neighbors": _cmd_neighbors, "positions": _cmd_positions, "lookup":
              "untrained": _cmd_untrained}
 
 
+_OUT = flags.output_file(FIGURE_SUFFIXES)
+RULES: dict[str, flags.Rule] = {
+    "model_repository": flags.input_dir(convert=Path),
+    "model": flags.model_name(),
+    "version": flags.integer(1, what="a version", note="default: the newest"),
+    "word": flags.text("text that is exactly one token"),
+    "id": flags.integer(0, what="a token id"),
+    "k": flags.integer(1, what="a number of tokens"),
+    "out": _OUT,
+    "text": flags.text(),
+    "start_position": flags.integer(0, what="a position"),
+    "limit": flags.integer(0, what="a number of ids to list"),
+}
+RELATIONS = (flags.one_of("word", "id", names=("WORD", "--id")),)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training.inspect", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-repository", type=Path, default=Path("models"))
-    p.add_argument("--model", required=True)
-    p.add_argument("--version", type=int, help="default: the newest")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = flags.OneLineParser(prog=PROG, description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-repository", type=Path, default=Path("models"), metavar="DIR",
+                   help="the repository holding <model>/<version>/ (default models)")
+    p.add_argument("--model", required=True, metavar="NAME", help="the model to inspect")
+    p.add_argument("--version", help="a version of it (default: the newest)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = sub.add_parser("neighbors", help="nearest tokens by cosine similarity")
-    s.add_argument("word", nargs="?", help="text that is exactly one token")
-    s.add_argument("--id", type=int, help="a token id instead of WORD")
-    s.add_argument("--k", type=int, default=10)
+    s.add_argument("word", nargs="?", metavar="WORD", help="text that is exactly one token")
+    s.add_argument("--id", help="a token id instead of WORD")
+    s.add_argument("--k", default=10, help="how many neighbours (default 10)")
+    figure = f"the figure to write, at exactly this path ({', '.join(FIGURE_SUFFIXES)})"
     s = sub.add_parser("positions", help="position-table cosine-similarity heatmap")
-    s.add_argument("--out", type=Path, default=Path("positions.png"))
+    s.add_argument("--out", type=Path, default=Path("positions.png"), metavar="FILE",
+                   help=f"{figure}; default positions.png")
     s = sub.add_parser("lookup", help="token, position and summed rows for a text")
-    s.add_argument("text")
-    s.add_argument("--start-position", type=int, default=0)
-    s.add_argument("--out", type=Path, default=Path("lookup.png"))
+    s.add_argument("text", metavar="TEXT", help="the text to look up")
+    s.add_argument("--start-position", default=0, help="position of its first token "
+                   "(default 0)")
+    s.add_argument("--out", type=Path, default=Path("lookup.png"), metavar="FILE",
+                   help=f"{figure}; default lookup.png")
     s = sub.add_parser("untrained", help="token rows never updated in training")
-    s.add_argument("--limit", type=int, default=20)
+    s.add_argument("--limit", default=20, help="how many ids to list (default 20)")
+    flags.install(p, RULES)
     return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: each option by its rule, WORD or --id, the repository
+    and --out's directory. A mistake exits with status 2 and one line."""
+    return flags.parse(_parser(), RULES, argv, RELATIONS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 with a message when it cannot answer)."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command == "neighbors" and (args.word is None) == (args.id is None):
-        parser.error("neighbors: give exactly one of WORD or --id")
+    args = parse_args(argv)
     try:
         model = load_model(args.model_repository, args.model, args.version)
         _COMMANDS[args.command](model, args)
-    except (InspectError, CheckpointError, OSError, PlotsUnavailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (InspectError, CheckpointError, PlotsUnavailable) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # e.g. --out's directory became read-only after the check
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"{PROG}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug: its traceback to a file, one line here
+        return internal_error(PROG, e)
     return 0
 
 

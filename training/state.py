@@ -17,10 +17,14 @@ import torch
 
 from training.errors import UsageError
 
-__all__ = ["STATE_FILE", "TrainerState", "check_resumable", "load_resumable", "load_state",
-           "save_state", "state_path"]
+__all__ = ["SHAPE_FIELDS", "STATE_FILE", "TrainerState", "check_resumable", "check_same_model",
+           "load_resumable", "load_state", "save_state", "state_path"]
 
 STATE_FILE = "trainer.pt"
+# The config fields that decide the saved tensors' shapes: a state resumes only into a model
+# built with the same ones.
+SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "position", "tie_weights",
+                "sparse_embeddings", "table_rows")
 
 
 @dataclass
@@ -85,3 +89,12 @@ def load_resumable(path: Path) -> TrainerState:
         raise UsageError(f"--resume: {path} is not a readable trainer state ("
                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                          f"remove it to start fresh") from e
+
+
+def check_same_model(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """UsageError naming each model flag whose value differs from the state's run."""
+    differ = [f"--{k.replace('_', '-')} {saved[k]} (this run: {current[k]})"
+              for k in SHAPE_FIELDS if k in saved and saved[k] != current[k]]
+    if differ:
+        raise UsageError(f"--resume: {path} was trained with {', '.join(differ)}; resume with "
+                         f"the run's own model flags, or start fresh without --resume")

@@ -29,7 +29,13 @@ from training.errors import UsageError
 from training.model import GPT
 from training.optim import build_optimizers, clip_grad_norm, lr_at
 from training.progress import progress_bar
-from training.state import TrainerState, load_resumable, save_state, state_path
+from training.state import (
+    TrainerState,
+    check_same_model,
+    load_resumable,
+    save_state,
+    state_path,
+)
 
 __all__ = ["Batches", "TrainResult", "block_autocast", "evaluate", "train"]
 
@@ -135,6 +141,7 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
                              f"{st.corpus_sha256[:12]}, this --data is "
                              f"{data.corpus_sha256[:12]}); resume with the run's own --data, "
                              f"or start fresh without --resume")
+        check_same_model(path, st.config, cfg.to_dict())
         model.load_state_dict(st.model)
         for opt, sd in zip(optimizers, st.optimizers, strict=True):
             opt.load_state_dict(sd)

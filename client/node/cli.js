@@ -11,21 +11,146 @@
 // `infer` takes the short form modelInfer() documents. Decoded values are printed as
 // base64 of little-endian float32 bytes (`values_b64`), not as JSON numbers: JSON has no
 // NaN, Inf or -0, and the point is to hand the values on bit for bit.
-// On an RPC error: one line "error: CODE: details" on stderr, exit status 1.
-const { embed, embedStream, modelInfer, grpc } = require('./embed');
+//
+// Every option of every command is checked by its rule in OPTIONS when it is parsed, the
+// request against grammar.js too: a mistake is one line, "error: --flag: ... (see --help)",
+// and exit status 2, before any connection. An RPC error is one line, "error: CODE: details",
+// exit status 1; a bug one line naming the file that holds its stack, exit status 70.
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const {
+  TARGET_FORM, embedRequest, embedRequests, inferRequest, isTarget, shown,
+} = require('./grammar');
 const { float32ToLittleEndian } = require('./decode');
 
-const USAGE = 'usage: cli.js embed|stream|infer --target HOST:PORT --request(s) JSON';
+const PROG = 'cli.js';
 
-function parseArgs(argv) {
-  const [command, ...rest] = argv;
-  const flags = {};
-  for (let i = 0; i < rest.length; i += 2) {
-    if (!rest[i].startsWith('--') || i + 1 >= rest.length) throw new Error(USAGE);
-    flags[rest[i].slice(2)] = rest[i + 1];
+/** A mistake in the command line: exit status 2, the message as the one line. */
+class UsageError extends Error {}
+
+// A rule: what the option accepts (`accepts`, for --help), `parse` of its text (throws a
+// plain Error whose message follows "--flag: "), and whether the command needs it.
+const TARGET = {
+  accepts: TARGET_FORM,
+  required: true,
+  parse(raw) {
+    if (!isTarget(raw)) throw new Error(`must be ${TARGET_FORM}, got ${shown(raw)}`);
+    return raw;
+  },
+};
+
+const TIMEOUT = {
+  accepts: 'a number of seconds > 0 (default 30)',
+  required: false,
+  parse(raw) {
+    const value = /^[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?$/i.test(raw) ? Number(raw) : NaN;
+    if (!(Number.isFinite(value) && value > 0)) {
+      throw new Error(`must be a number of seconds > 0, got ${shown(raw)}`);
+    }
+    return value;
+  },
+};
+
+/** JSON text, then checked by `check` (a grammar.js function that throws naming the item). */
+function jsonRule(accepts, check) {
+  return {
+    accepts,
+    required: true,
+    parse(raw) {
+      let value;
+      try {
+        value = JSON.parse(raw);
+      } catch (err) {
+        throw new Error(`not valid JSON (${err.message})`);
+      }
+      check(value);
+      return value;
+    },
+  };
+}
+
+// command -> option name -> rule. The walk in test/cli.test.js goes over this table.
+const OPTIONS = {
+  embed: {
+    target: TARGET,
+    request: jsonRule('an EmbedRequest as JSON, e.g. {"text": "hello"}', embedRequest),
+    timeout: TIMEOUT,
+  },
+  stream: {
+    target: TARGET,
+    requests: jsonRule('a JSON array of EmbedRequests', embedRequests),
+    timeout: TIMEOUT,
+  },
+  infer: {
+    target: TARGET,
+    request: jsonRule('modelInfer()\'s request as JSON, e.g. {"input_ids": [[1, 2]]}',
+      inferRequest),
+    timeout: TIMEOUT,
+  },
+};
+
+function usage() {
+  const lines = [`usage: ${PROG} COMMAND --option VALUE ...`, '',
+    'Embed through the Node.js client and print the answer as JSON. A mistake in the',
+    'options is one line and exit status 2; a failed call one line and exit status 1.'];
+  for (const [command, options] of Object.entries(OPTIONS)) {
+    lines.push('', `${command}:`);
+    for (const [name, rule] of Object.entries(options)) {
+      lines.push(`  --${name}${rule.required ? '' : ' (optional)'}: ${rule.accepts}`);
+    }
   }
-  if (!command || !flags.target) throw new Error(USAGE);
-  return { command, flags };
+  return `${lines.join('\n')}\n`;
+}
+
+/**
+ * argv (after `node cli.js`) -> { command, values } with every option checked, or
+ * { help: true }; throws UsageError naming the option and what it accepts.
+ */
+function parseArgs(argv) {
+  if (argv.length === 0) throw new UsageError(`give a command: ${Object.keys(OPTIONS).join(', ')}`);
+  const [command, ...rest] = argv;
+  if (command === '--help' || command === '-h' || rest.includes('--help') || rest.includes('-h')) {
+    return { help: true };
+  }
+  const options = Object.hasOwn(OPTIONS, command) ? OPTIONS[command] : undefined;
+  if (options === undefined) {
+    throw new UsageError(`COMMAND: must be one of ${Object.keys(OPTIONS).join(', ')}, got `
+      + `${shown(command)}`);
+  }
+  const known = Object.keys(options).map((name) => `--${name}`).join(', ');
+  const values = {};
+  for (let i = 0; i < rest.length; i += 1) {
+    const arg = rest[i];
+    if (!arg.startsWith('--')) {
+      throw new UsageError(`${shown(arg)}: not an option; options of ${command}: ${known}`);
+    }
+    const eq = arg.indexOf('=');
+    const name = arg.slice(2, eq < 0 ? undefined : eq);
+    if (!Object.hasOwn(options, name)) {
+      throw new UsageError(`unknown option --${name}; options of ${command}: ${known}`);
+    }
+    if (Object.hasOwn(values, name)) throw new UsageError(`--${name}: given twice`);
+    let raw;
+    if (eq >= 0) {
+      raw = arg.slice(eq + 1);
+    } else {
+      if (i + 1 >= rest.length) throw new UsageError(`--${name}: needs a value, ${options[name].accepts}`);
+      i += 1;
+      raw = rest[i];
+    }
+    try {
+      values[name] = options[name].parse(raw);
+    } catch (err) {
+      throw new UsageError(`--${name}: ${err.message}`);
+    }
+  }
+  for (const [name, rule] of Object.entries(options)) {
+    if (rule.required && !Object.hasOwn(values, name)) {
+      throw new UsageError(`--${name}: required, ${rule.accepts}`);
+    }
+  }
+  return { command, values };
 }
 
 /** One EmbedResponse as JSON-safe fields (int64 strings become numbers: all are < 2^53). */
@@ -59,24 +184,68 @@ function inferJson(r) {
   };
 }
 
-async function main(argv) {
-  const { command, flags } = parseArgs(argv);
-  const target = flags.target;
-  if (command === 'embed') return embedJson(await embed(target, JSON.parse(flags.request)));
+async function run({ command, values }) {
+  // Loaded only now: --help and a refused command line never load grpc-js.
+  const { embed, embedStream, modelInfer } = require('./embed');
+  const options = values.timeout === undefined ? {} : { timeoutSeconds: values.timeout };
+  if (command === 'embed') return embedJson(await embed(values.target, values.request, options));
   if (command === 'stream') {
-    return (await embedStream(target, JSON.parse(flags.requests))).map(embedJson);
+    return (await embedStream(values.target, values.requests, options)).map(embedJson);
   }
-  if (command === 'infer') {
-    return inferJson(await modelInfer(target, JSON.parse(flags.request)));
-  }
-  throw new Error(USAGE);
+  return inferJson(await modelInfer(values.target, values.request, options));
 }
 
-main(process.argv.slice(2)).then(
-  (out) => process.stdout.write(`${JSON.stringify(out)}\n`),
-  (err) => {
-    // gRPC errors carry a numeric code; name it like every other gRPC tool does.
-    const code = typeof err.code === 'number' ? `${grpc.status[err.code]}: ` : '';
-    process.stderr.write(`error: ${code}${err.details || err.message}\n`);
-    process.exitCode = 1;
-  });
+/** A bug: its stack to a file, one line naming it (exit status 70). */
+function internalError(err) {
+  const detail = `${PROG} ${process.argv.slice(2).join(' ')}\n${err && err.stack ? err.stack : String(err)}\n`;
+  const name = (err && err.constructor && err.constructor.name) || 'Error';
+  try {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'cli.js-internal-error-'));
+    const file = path.join(dir, 'error.log');
+    fs.writeFileSync(file, detail);
+    process.stderr.write(`${PROG}: internal error (${name}); please report it with the log ${file}\n`);
+  } catch {
+    process.stderr.write(`${PROG}: internal error (${name}); please report it:\n${detail}`);
+  }
+  process.exitCode = 70;
+}
+
+function main(argv) {
+  let parsed;
+  try {
+    parsed = parseArgs(argv);
+  } catch (err) {
+    if (!(err instanceof UsageError)) throw err;
+    // One line whatever the user typed: a JSON parser's message may quote it.
+    const line = err.message.replace(/\r/g, '\\r').replace(/\n/g, '\\n');
+    process.stderr.write(`error: ${line} (see --help)\n`);
+    process.exitCode = 2;
+    return;
+  }
+  if (parsed.help) {
+    process.stdout.write(usage());
+    return;
+  }
+  run(parsed).then(
+    (out) => process.stdout.write(`${JSON.stringify(out)}\n`),
+    (err) => {
+      if (typeof err.code !== 'number') {
+        internalError(err);
+        return;
+      }
+      // gRPC errors carry a numeric code; name it like every other gRPC tool does.
+      const { grpc } = require('./embed');
+      process.stderr.write(`error: ${grpc.status[err.code]}: ${err.details || err.message}\n`);
+      process.exitCode = 1;
+    });
+}
+
+if (require.main === module) {
+  try {
+    main(process.argv.slice(2));
+  } catch (err) {
+    internalError(err);
+  }
+}
+
+module.exports = { OPTIONS, UsageError, parseArgs, usage };

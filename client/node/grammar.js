@@ -9,6 +9,10 @@ const MAX_ID = Number.MAX_SAFE_INTEGER; // 2^53 - 1: larger ids do not survive a
 const UINT32_MAX = 4294967295;
 const BLANK = /^[ \t\r\n]+|[ \t\r\n]+$/g; // what is ignored around an id-list item
 const ITEM = /^-?[0-9]+$/;
+// Where a tool connects; the same forms as client/grammar.py's TARGET_FORM.
+const TARGET_FORM = 'host:port (port 1..65535), [IPv6]:port, dns:///host:port or unix:PATH';
+const HOST_PORT = /^(?:dns:(?:\/\/\/)?)?(?:\[([0-9A-Fa-f:.]+(?:%[A-Za-z0-9._-]+)?)\]|([A-Za-z0-9._-]+)):([0-9]{1,5})$/;
+const UNIX = /^unix:\S+$/;
 
 // field -> .proto enum name -> its other spellings: short name first (embedctl's), then
 // the Open Inference Protocol name. Case exactly as written.
@@ -61,6 +65,17 @@ function parseIds(text) {
     }
     return value;
   });
+}
+
+/** Whether `target` is one of TARGET_FORM's forms (a URL, a missing port or port 0 is not). */
+function isTarget(target) {
+  if (typeof target !== 'string') return false;
+  const match = HOST_PORT.exec(target);
+  if (match !== null) {
+    const port = Number(match[3]);
+    return port >= 1 && port <= 65535;
+  }
+  return UNIX.test(target);
 }
 
 /** `value` if it is an integer in [low, high]; throws naming the option. */
@@ -184,7 +199,19 @@ function inferRequest(request) {
   return out;
 }
 
+/** Every request of a stream checked, none sent if one is bad: "request i: ..." names it. */
+function embedRequests(requests) {
+  if (!Array.isArray(requests)) throw new Error(`requests are an array, got ${shown(requests)}`);
+  return requests.map((request, i) => {
+    try {
+      return embedRequest(request);
+    } catch (err) {
+      throw new Error(`request ${i}: ${err.message}`);
+    }
+  });
+}
+
 module.exports = {
-  IDS_FORM, MAX_ID, SPELLINGS, EMBED_KEYS, INFER_KEYS, parseIds, enumName, oipName,
-  embedRequest, inferRequest,
+  IDS_FORM, MAX_ID, SPELLINGS, TARGET_FORM, EMBED_KEYS, INFER_KEYS, parseIds, enumName, oipName,
+  isTarget, embedRequest, embedRequests, inferRequest, shown,
 };

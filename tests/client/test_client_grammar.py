@@ -1,6 +1,7 @@
 """The shared table of client inputs (tests/vectors/client_inputs.json) through the Python
-client and embedctl; client/node/test/grammar.test.js runs the same table through the Node
-client and the page's parser (test_node_client.py runs those tests)."""
+client and embedctl (targets too: --target and $EMBED_TARGET); client/node/test/
+grammar.test.js runs the same table through the Node client and the page's parser
+(test_node_client.py runs those tests)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from client.cli import build_parser
+from client.cli import build_parser, parse_args
 from client.codec import embed_request
-from client.grammar import IDS_FORM, SPELLINGS, enum_value, parse_ids
+from client.grammar import IDS_FORM, SPELLINGS, TARGET_FORM, enum_value, is_target, parse_ids
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,3 +110,21 @@ def test_id_arrays(v: dict[str, Any]) -> None:
         assert v["error"] in str(info.value)
     else:
         assert list(embed_request(ids=v["input"]).token_ids.ids) == v["ids"]
+
+
+@pytest.mark.parametrize("v", entries("targets"), ids=lambda v: repr(v["input"]))
+def test_targets(v: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    assert VECTORS["target_form"] == TARGET_FORM
+    assert is_target(v["input"]) is v["ok"]
+    refusal = f"must be {TARGET_FORM}, got {v['input']!r}"
+    if v["ok"]:
+        assert build_parser().parse_args(["--target", v["input"], "models"]).target == \
+            v["input"]
+        assert parse_args(["models"], environ={"EMBED_TARGET": v["input"]}).target == \
+            v["input"]
+        return
+    line = embedctl_error(["--target", v["input"], "models"], capsys)
+    assert line == f"embedctl: error: argument --target: {refusal} (see --help)"
+    with pytest.raises(SystemExit):
+        parse_args(["models"], environ={"EMBED_TARGET": v["input"]})
+    assert capsys.readouterr().err == f"embedctl: error: EMBED_TARGET: {refusal} (see --help)\n"

@@ -51,7 +51,8 @@ def test_embedctl_tls_flags(mtls_server: ServerHandle, certs: Path,
                  "--tls-cert", str(certs / "client.pem"), "--tls-key",
                  str(certs / "client.key"), "detokenize", "31373,995"]) == 0
     assert capsys.readouterr() == ("hello world\n", "")
-    assert main(["--target", mtls_server.target, "--tls-ca", str(certs / "missing.pem"),
-                 "models"]) == 1
+    with pytest.raises(SystemExit) as e:  # a usage error, before any connection
+        main(["--target", mtls_server.target, "--tls-ca", str(certs / "missing.pem"), "models"])
+    assert e.value.code == 2
     err = capsys.readouterr().err
-    assert err == f"embedctl: cannot read {certs / 'missing.pem'}: No such file or directory\n"
+    assert err == f"embedctl: error: --tls-ca {certs / 'missing.pem'}: no such file (see --help)\n"

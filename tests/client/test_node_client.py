@@ -29,6 +29,7 @@ NODE_DIR = ROOT / "client" / "node"
 CLI = NODE_DIR / "cli.js"
 DECODE_TESTS = NODE_DIR / "test" / "decode.test.js"
 GRAMMAR_TESTS = NODE_DIR / "test" / "grammar.test.js"
+CLI_TESTS = NODE_DIR / "test" / "cli.test.js"
 HELLO_WORLD = [31373, 995]  # "hello world" in GPT-2 BPE
 HELLO = [31373]
 IDS = [31373, 995, 50256, 0, 7]
@@ -241,12 +242,14 @@ def test_embed_takes_every_tools_spelling(node: str, server: ServerHandle, expec
 def test_unknown_keys_and_spellings_are_refused(node: str, command: str,
                                                 request_json: dict[str, Any],
                                                 message: str) -> None:
-    # Refused before anything is sent: the target has nothing listening, and the error is
-    # still the client's own message, not "server not reachable".
+    # Refused as the command line is parsed, before anything is sent: the target has
+    # nothing listening, and the error is still the client's own message, not "server not
+    # reachable"; a usage error, exit status 2.
     proc = run_cli(node, command, "--target", "127.0.0.1:1", "--request",
                    json.dumps(request_json))
-    assert (proc.returncode, proc.stdout) == (1, "")
-    assert proc.stderr.startswith(f"error: {message}"), proc.stderr
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.startswith(f"error: --request: {message}"), proc.stderr
+    assert proc.stderr.endswith(" (see --help)\n")
     assert proc.stderr.count("\n") == 1
 
 
@@ -254,15 +257,17 @@ def test_stream_refuses_a_bad_request_before_sending_any(node: str) -> None:
     requests = [{"text": "a"}, {"text": "b", "compose": "tokens"}]
     proc = run_cli(node, "stream", "--target", "127.0.0.1:1", "--requests",
                    json.dumps(requests))
-    assert (proc.returncode, proc.stdout) == (1, "")
-    assert proc.stderr.startswith("error: request 1: compose 'tokens': expected one of ")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.startswith("error: --requests: request 1: compose 'tokens': "
+                                  "expected one of ")
 
 
-@pytest.mark.parametrize("tests_file", [DECODE_TESTS, GRAMMAR_TESTS])
-def test_node_unit_tests_pass(node: str, tests_file: Path) -> None:
-    # The pure decode tests and the shared input-table tests (tests/vectors/
-    # client_inputs.json through grammar.js and the page's parser), run by Node's own
-    # runner: all of them, none failed.
+@pytest.mark.parametrize(("tests_file", "at_least"), [(DECODE_TESTS, 7), (GRAMMAR_TESTS, 7),
+                                                     (CLI_TESTS, 3)])
+def test_node_unit_tests_pass(node: str, tests_file: Path, at_least: int) -> None:
+    # The pure decode tests, the shared input-table tests (tests/vectors/
+    # client_inputs.json through grammar.js and the page's parser) and the CLI's option
+    # walk (cli.test.js), run by Node's own runner: all of them, none failed.
     declared = len(re.findall(r"^\s*test\(", tests_file.read_text(), flags=re.M))
     # TAP named explicitly: newer Node versions default to the "spec" reporter.
     proc = subprocess.run([node, "--test", "--test-reporter=tap", str(tests_file)],
@@ -273,4 +278,4 @@ def test_node_unit_tests_pass(node: str, tests_file: Path) -> None:
                              flags=re.M))
     assert counts == {"pass": str(declared), "fail": "0", "skipped": "0", "todo": "0",
                       "cancelled": "0"}
-    assert declared >= 7
+    assert declared >= at_least

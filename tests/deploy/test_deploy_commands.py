@@ -247,7 +247,8 @@ def test_a_bad_environment_value_is_refused(
     server.env["EMBED_GRPC_PORT"] = "fifty"
     with pytest.raises(AssertionError, match=r"^overlays/cpu Deployment/embedding-service "
                        r"Deployment container server: args \[\]: python -m service: error: "
-                       r"EMBED_GRPC_PORT='fifty' is not a valid int \(see --help\)$"):
+                       r"EMBED_GRPC_PORT: must be a port 1\.\.65535 \(0 picks a free port\), "
+                       r"got 'fifty' \(see --help\)$"):
         check(server)
 
 

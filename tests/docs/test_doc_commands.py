@@ -21,6 +21,9 @@ from tests.docs.doc_blocks import Block, blocks, session_steps, untagged_command
 
 # (file, text unique to the block) -> why it is not run here, and what runs it instead.
 NOT_RUN: dict[tuple[str, str], str] = {
+    ("docs/client.md", 'CudaSharedMemoryRegion("embed-gpu"'): "needs a GPU and its driver "
+    "beside a server with its tables on it; tests/client/test_client_cuda_shm.py and "
+    "tests/service/engine/test_cuda_shm_gpu.py run the same calls (gpu-marked)",
     ("README.md", "make run     #"): "the sandbox fixture runs make run's recipe lines "
     "(tests/docs/conftest.py asserts them against the Makefile) and serves on its ports",
     ("docs/client.md", "npm ci --ignore-scripts"): "reaches the npm registry (no network in "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from examples.downstream_service import (
     train_demo_checkpoint,
 )
 from service.local import ServerHandle
-from tests.tiny_model import start
+from tests.tiny_model import MakeCheckpoint, start
 from training.model import GPT
 
 TEXT = "The cat walks to the"
@@ -148,3 +149,30 @@ def test_main_demo(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert f"{TEXT!r} -> ids {IDS} (model nano v1, checkpoint " in out
     assert "logits (50257,) float32; top 3: " in out
+
+
+def test_a_taken_port_is_one_line(trained: tuple[Path, GPT, ServerHandle],
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    version_dir, _, handle = trained
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["--checkpoint", str(version_dir), "--target", handle.target,
+                     "--port", str(port)]) == 2
+    assert capsys.readouterr().err == (
+        f"python examples/downstream_service.py: error: --port {port}: port {port} on "
+        f"127.0.0.1 is already in use (another server or a previous instance still running); "
+        f"stop it or choose another port with --port\n")
+
+
+def test_a_version_not_from_training_is_one_line(tmp_path: Path,
+                                                 make_checkpoint: MakeCheckpoint,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """An imported model (no training config in its provenance): refused in one line."""
+    version_dir = make_checkpoint(tmp_path, "imported")
+    (version_dir / "model.safetensors").write_bytes(b"")  # passes the option's own check
+    assert main(["--checkpoint", str(version_dir), "--target", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"python examples/downstream_service.py: error: {version_dir}")

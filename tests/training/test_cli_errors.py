@@ -76,6 +76,23 @@ def test_resume_from_a_file_that_is_not_a_state(tmp_path: Path) -> None:
     assert line.endswith("); remove it to start fresh")
 
 
+def test_resume_with_another_model_shape(tmp_path: Path) -> None:
+    """Before: a size-mismatch traceback from load_state_dict, one line per tensor."""
+    (tmp_path / "c.txt").write_text(corpus_text())
+    common = [*TINY, "--data", "c.txt", "--runs-dir", str(tmp_path / "runs"), "--cache-dir",
+              str(tmp_path / "cache"), "--out-repository", str(tmp_path / "models")]
+    first = subprocess.run([sys.executable, "-m", "training", *common, "--stop-at", "1"],
+                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    line = train_refusal(tmp_path, "--data", "c.txt", "--resume", "--n-embd", "16",
+                         "--block-size", "8")
+    state = tmp_path / "runs" / "default" / "state" / "trainer.pt"
+    assert line == (f"--resume: {state} was trained with --n-embd 32 (this run: 16), "
+                    f"--block-size 16 (this run: 8); resume with the run's own model flags, "
+                    f"or start fresh without --resume")
+
+
 def test_corpus_too_small(tmp_path: Path) -> None:
     (tmp_path / "c.txt").write_text("hi")
     line = train_refusal(tmp_path, "--data", "c.txt")
@@ -107,7 +124,7 @@ def test_bad_flag_and_environment_values(tmp_path: Path) -> None:
     assert train_refusal(tmp_path, "--batch-size", "6", "--grad-accum", "4") == (
         "--batch-size 6 is not divisible by --grad-accum 4 (see --help)")
     assert train_refusal(tmp_path, env={"EMBED_TRAIN_MAX_STEPS": "ten"}) == (
-        "EMBED_TRAIN_MAX_STEPS='ten' is not a valid int (see --help)")
+        "EMBED_TRAIN_MAX_STEPS: must be a number of steps >= 1, got 'ten' (see --help)")
 
 
 def test_out_repository_that_is_a_file(tmp_path: Path) -> None:

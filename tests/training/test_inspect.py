@@ -14,11 +14,14 @@ import torch
 from service.format.positions import sinusoidal_table
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 from service.format.writer import write_checkpoint
+from tests.option_rules import check_all, walk
 from training.inspect import (
+    _parser,
     load_model,
     lookup_figure_size,
     main,
     nearest_tokens,
+    parse_args,
     untrained_tokens,
 )
 
@@ -157,3 +160,63 @@ def test_module_entry_point(repo: Path) -> None:
                           check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "50252 of 50257 token rows were never updated in training"
+
+
+def test_every_option_refuses_what_cannot_work(repo: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    top, sub = "python -m training.inspect: error: ", "python -m training.inspect {}: error: "
+    name = "a model name: letters, digits, '.', '_' or '-', starting with a letter or digit"
+    figure = "a file path ending in .png, .svg or .pdf"
+
+    def bad(command: str, option: str, value: str, accepts: str) -> str:
+        prefix = sub.format(command) if command else top
+        return f"{prefix}argument {option}: must be {accepts}, got {value!r} (see --help)"
+
+    walk(_parser(), {
+        "model_repository": [
+            (["--model-repository", str(tmp_path / "no"), "--model", "tiny", "untrained"],
+             f"{top}--model-repository {tmp_path / 'no'}: does not exist (see --help)"),
+            (["--model-repository", str(repo), "--model", "tiny", "untrained"], None)],
+        "model": [(["--model-repository", str(repo), "--model", "../x", "untrained"],
+                   bad("", "--model", "../x", name)), (_run(repo, "untrained"), None)],
+        "version": [(_run(repo, "untrained", version=0),
+                     bad("", "--version", "0", "a version >= 1 (default: the newest)")),
+                    (_run(repo, "untrained", version=1), None)],
+        "word": [(_run(repo, "neighbors", ""), bad("neighbors", "WORD", "",
+                                                   "text that is exactly one token")),
+                 (_run(repo, "neighbors", " the"), None)],
+        "id": [(_run(repo, "neighbors", "--id", "-1"),
+                bad("neighbors", "--id", "-1", "a token id >= 0")),
+               (_run(repo, "neighbors", "--id", "262"), None)],
+        "k": [(_run(repo, "neighbors", "--id", "1", "--k", "0"),
+               bad("neighbors", "--k", "0", "a number of tokens >= 1")),
+              (_run(repo, "neighbors", "--id", "1", "--k", "1"), None)],
+        "out": [(_run(repo, "positions", "--out", str(tmp_path / "p")),
+                 bad("positions", "--out", str(tmp_path / "p"), figure)),
+                (_run(repo, "lookup", "a", "--out", str(tmp_path / "p.jpg")),
+                 bad("lookup", "--out", str(tmp_path / "p.jpg"), figure)),
+                (_run(repo, "positions", "--out", str(tmp_path / "no" / "p.png")),
+                 f"{top}--out {tmp_path / 'no' / 'p.png'}: the directory {tmp_path / 'no'} "
+                 f"does not exist; create it first (see --help)"),
+                (_run(repo, "positions", "--out", str(tmp_path / "p.SVG")), None)],
+        "text": [(_run(repo, "lookup", ""), bad("lookup", "TEXT", "", "non-empty text")),
+                 (_run(repo, "lookup", " "), None)],
+        "start_position": [(_run(repo, "lookup", "a", "--start-position", "-1"),
+                            bad("lookup", "--start-position", "-1", "a position >= 0")),
+                           (_run(repo, "lookup", "a", "--start-position", "3"), None)],
+        "limit": [(_run(repo, "untrained", "--limit", "-1"),
+                   bad("untrained", "--limit", "-1", "a number of ids to list >= 0")),
+                  (_run(repo, "untrained", "--limit", "0"), None)],
+    }, parse_args, capsys)
+    check_all([(_run(repo, "neighbors"), f"{top}give exactly one of WORD or --id (see --help)"),
+               (_run(repo, "neighbors", " the", "--id", "1"),
+                f"{top}give exactly one of WORD or --id (see --help)")], parse_args, capsys)
+
+
+@pytest.mark.parametrize(("name", "magic"), [("p.svg", b"<?xml"), ("p.pdf", b"%PDF"),
+                                             ("p.PNG", PNG_MAGIC)])
+def test_the_figure_is_written_at_exactly_out_in_its_format(repo: Path, tmp_path: Path,
+                                                            name: str, magic: bytes) -> None:
+    assert main(_run(repo, "positions", "--out", str(tmp_path / name))) == 0
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    assert (tmp_path / name).read_bytes().startswith(magic)

@@ -7,7 +7,8 @@ const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const path = require('node:path');
 const {
-  IDS_FORM, SPELLINGS, parseIds, enumName, oipName, embedRequest, inferRequest,
+  IDS_FORM, SPELLINGS, TARGET_FORM, parseIds, enumName, oipName, embedRequest, inferRequest,
+  isTarget,
 } = require('../grammar');
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
@@ -108,4 +109,11 @@ test('node-only shapes: text xor token_ids, infer keys', () => {
     truncate: 'TRUNCATE_LEFT', start_position: 3 }), {
     model_name: '', model_version: '', id: '', start_position: 3, compose: 'token_only',
     truncate: 'left', datatype: 'FP16', input_ids: [[1, 2]] });
+});
+
+test('targets: every vector accepted or refused as the table says', () => {
+  assert.equal(TARGET_FORM, VECTORS.target_form);
+  const cases = entries(VECTORS.targets);
+  assert.ok(cases.length >= 20);
+  for (const v of cases) assert.equal(isTarget(v.input), v.ok, JSON.stringify(v.input));
 });
