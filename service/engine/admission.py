@@ -18,7 +18,6 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, overload
 
 import numpy as np
@@ -34,9 +33,9 @@ from service.engine.validation import (
     TokenSequence,
     check_compose,
     check_dtype_range,
-    check_enum,
     check_ids,
     check_input_count,
+    check_options,
     check_output_bytes,
     check_response_size,
     check_text,
@@ -50,34 +49,46 @@ from service.metrics import Metrics
 __all__ = ["Admission", "Admitted", "Input", "Inputs", "Options"]
 
 
-@dataclass(frozen=True)
 class Options:
-    """Request-wide settings, as proto enum numbers (each front maps its own names)."""
+    """Request-wide settings, as proto enum numbers (each front maps its own names).
 
-    model: str = ""  # "" = the default model
-    version: int = 0  # 0 = the newest loaded version
-    compose: int = pb.COMPOSE_TOKEN_PLUS_POSITION
-    dtype: int = pb.DTYPE_FLOAT32
-    truncate: int = pb.TRUNCATE_NONE
-    allow_special_tokens: bool = False
-    # None: the model's default (AutoTokenizer's: e.g. Llama's BOS); True/False override it.
-    add_special_tokens: bool | None = None
-    # The rows travel in the response message (bound by max_message_bytes); False when
-    # they go to shared memory, which is bound by the region instead.
-    in_message: bool = True
+    Plain classes with slots here and below (not dataclasses): one of each is built per
+    request, and a frozen dataclass's ``__init__`` costs microseconds of it."""
+
+    __slots__ = ("add_special_tokens", "allow_special_tokens", "compose", "dtype",
+                 "in_message", "model", "truncate", "version")
+
+    def __init__(self, model: str = "", version: int = 0,
+                 compose: int = pb.COMPOSE_TOKEN_PLUS_POSITION, dtype: int = pb.DTYPE_FLOAT32,
+                 truncate: int = pb.TRUNCATE_NONE, allow_special_tokens: bool = False,
+                 add_special_tokens: bool | None = None, in_message: bool = True) -> None:
+        self.model = model  # "" = the default model
+        self.version = version  # 0 = the newest loaded version
+        self.compose = compose
+        self.dtype = dtype
+        self.truncate = truncate
+        self.allow_special_tokens = allow_special_tokens
+        # None: the model's default (AutoTokenizer's: e.g. Llama's BOS); True/False override.
+        self.add_special_tokens = add_special_tokens
+        # The rows travel in the response message (bound by max_message_bytes); False when
+        # they go to shared memory, which is bound by the region instead.
+        self.in_message = in_message
 
 
-@dataclass(frozen=True)
 class Input:
     """One sequence as a front received it: text or ids, and the field that held it."""
 
-    field: str  # named in error messages, e.g. "input", "inputs[3]", "input_ids[1]"
-    text: str | None = None
-    ids: Any = None  # int64-convertible: a proto repeated field, a list, a numpy array
-    start_position: int = 0
-    # The value's own field name when it is not the native ``<field>.text`` or
-    # ``<field>.token_ids.ids`` (the OIP face names its tensors).
-    value_field: str | None = None
+    __slots__ = ("field", "ids", "start_position", "text", "value_field")
+
+    def __init__(self, field: str, text: str | None = None, ids: Any = None,
+                 start_position: int = 0, value_field: str | None = None) -> None:
+        self.field = field  # named in error messages: "input", "inputs[3]", "input_ids[1]"
+        self.text = text
+        self.ids = ids  # int64-convertible: a proto repeated field, a list, a numpy array
+        self.start_position = start_position
+        # The value's own field name when it is not the native ``<field>.text`` or
+        # ``<field>.token_ids.ids`` (the OIP face names its tensors).
+        self.value_field = value_field
 
 
 class Inputs(Sequence[Input]):
@@ -113,36 +124,30 @@ class Inputs(Sequence[Input]):
         return iter(self._built())
 
 
-@dataclass
 class Admitted:
     """A validated request: its model, sequences after truncation, and their ids."""
 
-    model: LoadedModel
-    options: Options
-    sequences: list[TokenSequence]
-    tokenize_ns: int
-    lengths: list[int] = field(init=False)  # T of each sequence
-    tokens: int = field(init=False)  # rows in all: ΣT
+    __slots__ = ("dim", "itemsize", "lengths", "model", "options", "sequences", "tokenize_ns",
+                 "tokens")
 
-    def __post_init__(self) -> None:
-        self.lengths = [int(f.ids.shape[0]) for f in self.sequences]
-        self.tokens = sum(self.lengths)
+    def __init__(self, model: LoadedModel, options: Options, sequences: list[TokenSequence],
+                 tokenize_ns: int) -> None:
+        self.model = model
+        self.options = options
+        self.sequences = sequences
+        self.tokenize_ns = tokenize_ns
+        self.lengths = [int(f.ids.shape[0]) for f in sequences]  # T of each sequence
+        self.tokens = sum(self.lengths)  # rows in all: ΣT
+        # Columns of each row for the request's compose (token-only: the table's width),
+        # and bytes per element of the output dtype.
+        self.dim = model.tables.out_dim(options.compose)
+        self.itemsize = BY_WIRE[options.dtype].itemsize
 
     @property
     def ids(self) -> torch.Tensor:
         """Every sequence's ids, concatenated (N,)."""
         seqs = self.sequences
         return seqs[0].ids if len(seqs) == 1 else torch.cat([f.ids for f in seqs])
-
-    @property
-    def dim(self) -> int:
-        """Columns of each row for the request's compose (token-only: the table's width)."""
-        return self.model.tables.out_dim(self.options.compose)
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element of the output dtype."""
-        return BY_WIRE[self.options.dtype].itemsize
 
     def job(self, dest: Destination, start_ns: int, deadline: float | None,
             sequences: Sequence[TokenSequence] | None = None) -> Job:
@@ -171,16 +176,15 @@ class Admission:
     async def admit(self, options: Options, inputs: Sequence[Input]) -> Admitted:
         """Validate ``options`` and every input; tokenize text; apply length limits."""
         model = self.repo.get(options.model, options.version)
-        check_enum(options.compose, pb.Compose, "compose")
-        check_enum(options.dtype, pb.DType, "dtype")
-        check_enum(options.truncate, pb.Truncate, "truncate")
+        check_options(options.compose, options.dtype, options.truncate)
         check_compose(options.compose, model)
         check_dtype_range(options.compose, options.dtype, model)
         if not inputs:
             raise InvalidArgument("inputs is empty: give at least one input")
-        self.check_size(options, inputs)
-        texts = [i for i, inp in enumerate(inputs) if inp.text is not None]
-        if len(texts) <= 1:  # ids are checked inline; one text needs no gather either
+        texts = self.check_size(options, inputs)
+        if not texts:  # ids only: checked inline, nothing to wait for
+            tokenized = [(self._ids(model, inp), 0) for inp in inputs]
+        elif len(texts) == 1:  # one text needs no gather
             tokenized = [await self._tokens(model, inp, options) for inp in inputs]
         else:  # texts tokenize in parallel on the pool
             encoded = await asyncio.gather(*(
@@ -189,33 +193,39 @@ class Admission:
             tokenized = [by_index[i] if i in by_index
                          else await self._tokens(model, inp, options)
                          for i, inp in enumerate(inputs)]
-        sequences = [fit_length(ids, inp.start_position, options.truncate, model, self.limits,
+        limits = self.limits
+        sequences = [fit_length(ids, inp.start_position, options.truncate, model, limits,
                                 inp.field) for (ids, _), inp in zip(tokenized, inputs)]
-        admitted = Admitted(model, options, sequences, sum(ns for _, ns in tokenized))
+        admitted = Admitted(model, options, sequences,
+                            tokenized[0][1] if len(tokenized) == 1
+                            else sum(ns for _, ns in tokenized))
         total = admitted.tokens
-        if len(inputs) > 1 and total > self.limits.max_tokens_per_request:
+        if len(inputs) > 1 and total > limits.max_tokens_per_request:
             raise InvalidArgument(f"inputs have {total} tokens in all; max_tokens_per_request "
-                                  f"is {self.limits.max_tokens_per_request}")
+                                  f"is {limits.max_tokens_per_request}")
         check_output_bytes(total, model, admitted.itemsize, BY_WIRE[options.dtype].name,
-                           self.limits, admitted.dim)
+                           limits, admitted.dim)
         if options.in_message:
-            check_response_size(total, model, admitted.itemsize, self.limits, admitted.dim)
+            check_response_size(total, model, admitted.itemsize, limits, admitted.dim)
         return admitted
 
-    def check_size(self, options: Options, inputs: Sequence[Input]) -> None:
+    def check_size(self, options: Options, inputs: Sequence[Input]) -> list[int]:
         """The request's whole size from what it declares, before any per-input work:
         the number of inputs (from ``len``), each text's bytes and their sum, and with
-        TRUNCATE_NONE the token ids' count (every id is kept or the request refused)."""
+        TRUNCATE_NONE the token ids' count (every id is kept or the request refused).
+        Returns the indices of the inputs that are text."""
         limits = self.limits
         check_input_count(len(inputs), limits)
         total_text = 0
-        for inp in inputs:  # at most max_inputs_per_request
+        texts = []
+        for i, inp in enumerate(inputs):  # at most max_inputs_per_request
             if inp.text is not None:
                 check_text(inp.text, limits, inp.value_field or f"{inp.field}.text")
                 total_text += text_bytes(inp.text)
                 check_text_total(total_text, limits)  # stop at the first input past it
+                texts.append(i)
         if options.truncate != pb.TRUNCATE_NONE:
-            return  # the ids kept are known after fitting; checked then
+            return texts  # the ids kept are known after fitting; checked then
         declared = sum(len(inp.ids) for inp in inputs if inp.ids is not None)
         cap = limits.max_tokens_per_request
         if declared > cap:
@@ -224,6 +234,7 @@ class Admission:
                                       f"max_tokens_per_request is {cap} (or set truncate)")
             raise InvalidArgument(f"inputs have {declared} tokens in all; "
                                   f"max_tokens_per_request is {cap}")
+        return texts
 
     async def encode(self, model: LoadedModel, text: str, allow_special: bool,
                      add_special: bool | None = None) -> tuple[list[int], int]:
@@ -244,11 +255,16 @@ class Admission:
             ids, ns = await self.encode(model, inp.text, options.allow_special_tokens,
                                         options.add_special_tokens)
             return np.asarray(ids, dtype=np.int64), ns
-        if inp.ids is not None:
-            ids_arr = np.array(inp.ids, dtype=np.int64)  # buffer protocol: ~15x fromiter
-            check_ids(ids_arr, model, inp.value_field or f"{inp.field}.token_ids.ids")
-            return ids_arr, 0
-        raise InvalidArgument(f"{inp.field} is empty: set text or token_ids")
+        return self._ids(model, inp), 0
+
+    @staticmethod
+    def _ids(model: LoadedModel, inp: Input) -> np.ndarray:
+        """An ids input's ids (int64, each in the model's vocabulary)."""
+        if inp.ids is None:
+            raise InvalidArgument(f"{inp.field} is empty: set text or token_ids")
+        ids = np.array(inp.ids, dtype=np.int64)  # buffer protocol: ~15x fromiter
+        check_ids(ids, model, inp.value_field or f"{inp.field}.token_ids.ids")
+        return ids
 
     def untrained(self, model: LoadedModel, ids: torch.Tensor) -> list[int]:
         """Indices i < T whose token row was never updated in training (counted)."""

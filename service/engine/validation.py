@@ -50,13 +50,26 @@ class Limits:
     max_request_text_bytes: int = 1 << 20  # UTF-8 bytes of text summed over the inputs
 
 
-@dataclass(frozen=True)
 class TokenSequence:
     """One input's token ids as admitted: after truncation, with the position of the first."""
 
-    ids: torch.Tensor  # (T,) int64, at positions start_position .. start_position+T-1
-    start_position: int
-    truncated_tokens: int
+    __slots__ = ("ids", "start_position", "truncated_tokens")
+
+    def __init__(self, ids: torch.Tensor, start_position: int, truncated_tokens: int) -> None:
+        self.ids = ids  # (T,) int64, at positions start_position .. start_position+T-1
+        self.start_position = start_position
+        self.truncated_tokens = truncated_tokens
+
+
+_ENUMS = ((pb.Compose, "compose"), (pb.DType, "dtype"), (pb.Truncate, "truncate"))
+_VALID = tuple(frozenset(e.DESCRIPTOR.values_by_number) for e, _ in _ENUMS)
+
+
+def check_options(compose: int, dtype: int, truncate: int) -> None:
+    """``check_enum`` of a request's compose, dtype and truncate (one set lookup each)."""
+    for value, valid, (enum, field) in zip((compose, dtype, truncate), _VALID, _ENUMS):
+        if value not in valid:
+            check_enum(value, enum, field)
 
 
 def check_enum(value: int, enum: type, field: str) -> int:

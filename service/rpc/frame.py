@@ -23,7 +23,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -51,18 +50,40 @@ log = logging.getLogger("service.frame")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
 class Call:
-    """One RPC as the frame sees it, whatever the transport."""
+    """One RPC as the frame sees it, whatever the transport.
 
-    rpc: str  # method name, the `rpc` metric label
-    model: str = ""  # the model the request names ("" = default), for the metric label
-    request_id: str = ""  # echoed in logs and INTERNAL messages
-    authorization: str = ""  # the `authorization` header/metadata value
-    deadline: float | None = None  # time.monotonic() seconds; None = no deadline
-    start_ns: int = 0  # time.perf_counter_ns() when it arrived
-    identity: str = ""  # who is calling (identity.Identities); "" = auth off, one namespace
-    peer: str = ""  # the transport's peer, e.g. "ipv4:127.0.0.1:5000" (grpc context.peer())
+    A plain class with slots: one is built per RPC and per stream item, and a frozen
+    dataclass's ``__init__`` costs microseconds a request. The peer is read from the
+    transport only when asked for (the shared-memory RPCs): it costs a call into grpc."""
+
+    __slots__ = ("_context", "_peer", "authorization", "deadline", "identity", "model",
+                 "request_id", "rpc", "start_ns")
+
+    def __init__(self, rpc: str, model: str = "", request_id: str = "",
+                 authorization: str = "", deadline: float | None = None, start_ns: int = 0,
+                 identity: str = "", peer: str = "", context: Any = None) -> None:
+        self.rpc = rpc  # method name, the `rpc` metric label
+        self.model = model  # the model the request names ("" = default), for the label
+        self.request_id = request_id  # echoed in logs and INTERNAL messages
+        self.authorization = authorization  # the `authorization` header/metadata value
+        self.deadline = deadline  # time.monotonic() seconds; None = no deadline
+        self.start_ns = start_ns  # time.perf_counter_ns() when it arrived
+        self.identity = identity  # who is calling (Identities); "" = auth off, one namespace
+        self._peer = peer  # e.g. "ipv4:127.0.0.1:5000"; "" = not read yet (or none)
+        self._context = context  # the grpc ServicerContext the peer is read from
+
+    @property
+    def peer(self) -> str:
+        """The transport's peer, e.g. "ipv4:127.0.0.1:5000" (grpc's ``context.peer()``)."""
+        if not self._peer and self._context is not None:
+            self._peer = self._context.peer() or ""
+        return self._peer
+
+    def __repr__(self) -> str:
+        return (f"Call({self.rpc!r}, model={self.model!r}, request_id={self.request_id!r}, "
+                f"deadline={self.deadline!r}, start_ns={self.start_ns}, "
+                f"identity={self.identity!r}, peer={self._peer!r})")
 
 
 class Refused(Exception):
@@ -188,17 +209,16 @@ class Frame:
 
 
 def item_call(call: Call, model: str, request_id: str, start_ns: int) -> Call:
-    """``call`` for one item of its stream: the item's model, request id and start time.
-    Built field by field: ``dataclasses.replace`` costs several µs per stream message."""
+    """``call`` for one item of its stream: the item's model, request id and start time."""
     return Call(call.rpc, model, request_id, call.authorization, call.deadline, start_ns,
-                call.identity, call.peer)
+                call.identity, call._peer, call._context)
 
 
 def grpc_call(rpc: str, context: grpc.aio.ServicerContext, start_ns: int, model: str = "",
               request_id: str = "", identities: Identities | None = None) -> Call:
-    """The ``Call`` of a gRPC request: its deadline and peer, and its credentials and
-    identity when there are any to check (the metadata is read only then: it costs on
-    every RPC)."""
+    """The ``Call`` of a gRPC request: its deadline, and its credentials and identity when
+    there are any to check (the metadata is read only then: it costs on every RPC); the
+    peer when asked for."""
     auth = identity = ""
     if identities is not None and (identities.required or identities.tls_subject):
         for key, value in context.invocation_metadata() or ():
@@ -208,8 +228,7 @@ def grpc_call(rpc: str, context: grpc.aio.ServicerContext, start_ns: int, model:
                                       if identities.tls_subject else None)
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
-    return Call(rpc, model, request_id, auth, deadline, start_ns, identity,
-                context.peer() or "")
+    return Call(rpc, model, request_id, auth, deadline, start_ns, identity, context=context)
 
 
 class Undecodable:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import json
 from typing import Any
 
@@ -88,7 +87,8 @@ class CudaShmRoutes:
 def _caller(request: web.BaseRequest, call: Call) -> Call:
     """``call`` with its peer: the registries serve local peers only (read here, on these
     routes alone, so no other REST request pays for it)."""
-    return dataclasses.replace(call, peer=rest_peer(request))
+    return Call(call.rpc, call.model, call.request_id, call.authorization, call.deadline,
+                call.start_ns, call.identity, rest_peer(request))
 
 
 def _parse_register(body: bytes) -> tuple[bytes, int, int]:

@@ -30,13 +30,14 @@ has left (docs/security.md, "The REST front").
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
@@ -87,6 +88,11 @@ class Route:
     pattern: re.Pattern[str]
     rpc: str
     handler: Handler
+
+    @functools.cached_property
+    def label(self) -> str:
+        """The ``rpc`` metric label: ``http/<rpc>``."""
+        return f"http/{self.rpc}"
 
 
 class HttpFront:
@@ -190,43 +196,44 @@ class HttpFront:
             return error_response(404, f"no endpoint {path}; see GET /v2 and "
                                        f"/v2/models/<model>"), None
         headers = request.headers
-        call = Call(f"http/{route.rpc}", params.get("model") or "", headers.get("x-request-id", ""),
+        call = Call(route.label, params.get("model") or "", headers.get("x-request-id", ""),
                     headers.get("Authorization", ""), None, start_ns)
+        timeout = headers.get("grpc-timeout")
 
         async def body() -> web.StreamResponse:
-            framed = replace(call, deadline=deadline(headers.get("grpc-timeout")))
-            return await route.handler(request, params, framed)
+            if timeout is not None:  # read inside the frame: a bad value is a refusal
+                call.deadline = deadline(timeout)
+            return await route.handler(request, params, call)
 
-        attributes = {"http.request.method": request.method, "url.path": path,
-                      "rpc.system": "http", "rpc.method": route.rpc}
         slot = self.slots.take()
         if slot is None:
             return error_response(429, self.slots.full_message()), None
         request[SLOT] = slot  # infer gives it back while it waits for budget
         try:
-            return await self._framed(route, call, body, attributes, request, headers), slot
+            return await self._framed(route, call, body, request), slot
         except BaseException:
             slot.release()
             raise
 
     async def _framed(self, route: Route, call: Call,
                       body: Callable[[], Awaitable[web.StreamResponse]],
-                      attributes: dict[str, str], request: web.BaseRequest,
-                      headers: Any) -> web.StreamResponse:
-        """The route's body inside the frame and its trace span; a refusal as JSON."""
+                      request: web.BaseRequest) -> web.StreamResponse:
+        """The route's body inside the frame (and its trace span, when tracing is on); a
+        refusal as JSON."""
+        if self.tracing is None:
+            try:
+                return await self.frame.run(call, body)
+            except Refused as r:
+                return _refusal(r)
+        attributes = {"http.request.method": request.method, "url.path": request.path,
+                      "rpc.system": "http", "rpc.method": route.rpc}
         with tracing.server_span(self.tracing, f"{request.method} {route.pattern.pattern}",
-                                 headers, attributes) as end_with:
+                                 request.headers, attributes) as end_with:
             try:
                 response = await self.frame.run(call, body)
             except Refused as r:
                 end_with(r.code.value[0], f"{r.code.name}: {r.message}")
-                status = http_status_for(r.code, r.__cause__)
-                extra = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-                response = error_response(status, r.message, extra)
-                if isinstance(r.__cause__, BodyTimeout):
-                    response = error_response(408, r.message)
-                    response.force_close()  # what is left of the body is never read
-                return response
+                return _refusal(r)
             end_with(grpc.StatusCode.OK.value[0], "")
             return response
 
@@ -348,3 +355,14 @@ class HttpFront:
                               "truncated_tokens": seq.truncated_tokens})
         return json_response({"model_name": model.name, "model_version": str(model.version),
                               **model_facts(model), "sequences": sequences})
+
+
+def _refusal(r: Refused) -> web.StreamResponse:
+    """A refused request's JSON answer, with its HTTP status."""
+    status = http_status_for(r.code, r.__cause__)
+    if isinstance(r.__cause__, BodyTimeout):
+        response = error_response(408, r.message)
+        response.force_close()  # what is left of the body is never read
+        return response
+    return error_response(status, r.message,
+                          {"WWW-Authenticate": "Bearer"} if status == 401 else None)
