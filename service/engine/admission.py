@@ -48,6 +48,8 @@ from service.metrics import Metrics
 
 __all__ = ["Admission", "Admitted", "Input", "Inputs", "Options"]
 
+_SMALL = 64  # ids of a sequence up to which np.fromiter is the cheaper copy
+
 
 class Options:
     """Request-wide settings, as proto enum numbers (each front maps its own names).
@@ -262,7 +264,13 @@ class Admission:
         """An ids input's ids (int64, each in the model's vocabulary)."""
         if inp.ids is None:
             raise InvalidArgument(f"{inp.field} is empty: set text or token_ids")
-        ids = np.array(inp.ids, dtype=np.int64)  # buffer protocol: ~15x fromiter
+        raw = inp.ids
+        if isinstance(raw, np.ndarray):
+            ids = raw.astype(np.int64, copy=False)
+        elif len(raw) <= _SMALL:  # iterating a few beats the buffer protocol's set-up
+            ids = np.fromiter(raw, np.int64, len(raw))
+        else:
+            ids = np.array(raw, dtype=np.int64)  # buffer protocol: ~15x fromiter
         check_ids(ids, model, inp.value_field or f"{inp.field}.token_ids.ids")
         return ids
 

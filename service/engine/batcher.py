@@ -21,7 +21,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -62,29 +61,33 @@ class Destination(Protocol):
         """Complete the output (e.g. write the timing fields) and return the result."""
 
 
-@dataclass(eq=False)
 class Job:
-    """One request's lookup: rows for ids at the spans' positions, written into ``dest``."""
+    """One request's lookup: rows for ids at the spans' positions, written into ``dest``.
+    (A plain class with slots: one is built per request.)"""
 
-    tables: EmbeddingTables
-    ids: torch.Tensor  # (N,) int64, validated
-    spans: list[Span]  # (start_position, T) per sequence, summing to N rows
-    compose: int
-    dest: Destination  # its rows are [N, C] in the output dtype
-    start_ns: int  # time.perf_counter_ns() when the RPC began: total_ns runs from here
-    tokenize_ns: int = 0
-    deadline: float | None = None  # time.monotonic() seconds; None = no deadline
-    tokens: int = field(init=False)  # rows this job needs
-    future: asyncio.Future[Any] = field(init=False)
-    enqueued_ns: int = field(init=False, default=0)
-    # Set when the job's batch runs (for metrics and tests).
-    queue_ns: int = field(init=False, default=0)  # submit → batch start
-    batch_tokens: int = field(init=False, default=0)
-    batch_requests: int = field(init=False, default=0)
-    timing: Timing | None = field(init=False, default=None)  # set at finish (for tracing)
+    __slots__ = ("batch_requests", "batch_tokens", "compose", "deadline", "dest",
+                 "enqueued_ns", "future", "ids", "queue_ns", "spans", "start_ns", "tables",
+                 "timing", "tokenize_ns", "tokens")
 
-    def __post_init__(self) -> None:
-        self.tokens = int(self.ids.shape[0])
+    def __init__(self, tables: EmbeddingTables, ids: torch.Tensor, spans: list[Span],
+                 compose: int, dest: Destination, start_ns: int, tokenize_ns: int = 0,
+                 deadline: float | None = None) -> None:
+        self.tables = tables
+        self.ids = ids  # (N,) int64, validated
+        self.spans = spans  # (start_position, T) per sequence, summing to N rows
+        self.compose = compose
+        self.dest = dest  # its rows are [N, C] in the output dtype
+        self.start_ns = start_ns  # perf_counter_ns() when the RPC began: total_ns from here
+        self.tokenize_ns = tokenize_ns
+        self.deadline = deadline  # time.monotonic() seconds; None = no deadline
+        self.tokens = int(ids.shape[0])  # rows this job needs
+        self.future: asyncio.Future[Any] | None = None  # set when it is queued
+        self.enqueued_ns = 0
+        # Set when the job's batch runs (for metrics and tests).
+        self.queue_ns = 0  # submit → batch start
+        self.batch_tokens = 0
+        self.batch_requests = 0
+        self.timing: Timing | None = None  # set at finish (for tracing)
 
 
 class Batcher:
@@ -117,7 +120,7 @@ class Batcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for job in self._queue:
-            if not job.future.done():
+            if job.future is not None and not job.future.done():
                 job.future.cancel()
         self._queue.clear()
         self._compute.shutdown(wait=True)
@@ -140,16 +143,34 @@ class Batcher:
                 and job.tokens <= INLINE_TOKENS):
             # Idle and nothing to wait for: this job is the whole batch. Computing it here
             # skips two hops through the event loop (wake the batcher, wake us back).
-            (result,) = self._observe([job], *self._compute_batch([job]))
-            if isinstance(result, BaseException):
-                raise result
-            return result
-        job.future = asyncio.get_running_loop().create_future()
+            return self._inline(job)
+        future = job.future = asyncio.get_running_loop().create_future()
         self._queue.append(job)
         self.queued_tokens += job.tokens
         assert self._wakeup is not None, "Batcher.start() was not called"
         self._wakeup.set()
-        return await job.future
+        return await future
+
+    def _inline(self, job: Job) -> Any:
+        """One job as a batch of its own, on the loop: ``_compute_batch`` without the
+        grouping a batch of one does not need."""
+        start_ns = time.perf_counter_ns()
+        job.batch_tokens, job.batch_requests = job.tokens, 1
+        dest = job.dest
+        result: Any
+        try:
+            lookup = getattr(dest, "lookup", None)
+            if lookup is None or not lookup(job.tables, job.ids, job.spans, job.compose):
+                job.tables.embed_into([(job.ids, job.spans, dest.rows)], job.compose)
+            result = self._finish(job, start_ns, start_ns)
+        except Exception as e:  # its own failure (a region that shrank): counted, then raised
+            result = e
+        if self._on_batch is not None:
+            self._on_batch(job.tokens, 1, (time.perf_counter_ns() - start_ns) / 1e9,
+                           job.tables.device.type)
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def _take(self) -> list[Job]:
         batch: list[Job] = []
@@ -162,6 +183,7 @@ class Batcher:
                 break
             self._queue.popleft()
             self.queued_tokens -= job.tokens
+            assert job.future is not None  # queued jobs have one
             if job.future.done():  # the caller cancelled (client went away)
                 continue
             if job.deadline is not None and now >= job.deadline:
@@ -197,16 +219,17 @@ class Batcher:
                 results = self._observe(batch, *done)
             except Exception as e:  # a bug, not bad input: fail this batch, keep serving
                 for job in batch:
-                    if not job.future.done():
+                    if job.future is not None and not job.future.done():
                         job.future.set_exception(e)
                 continue
             for job, result in zip(batch, results):
-                if job.future.done():
+                future = job.future
+                if future is None or future.done():
                     continue
                 if isinstance(result, BaseException):
-                    job.future.set_exception(result)
+                    future.set_exception(result)
                 else:
-                    job.future.set_result(result)
+                    future.set_result(result)
 
     def _observe(self, batch: list[Job], results: list[Any], seconds: float) -> list[Any]:
         """Report the batch to the metrics hook (on the event loop, never the compute

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -45,18 +44,24 @@ __all__ = ["Engine", "Request"]
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
 class Request(Generic[R]):
-    """One embedding request as every front hands it to the engine."""
+    """One embedding request as every front hands it to the engine (a plain class with
+    slots: one is built per request)."""
 
-    options: Options
-    inputs: Sequence[Input]
-    reply: Reply[R]  # the answer's layout, and where the rows go
-    start_ns: int  # time.perf_counter_ns() when it arrived: total_ns runs from here
-    deadline: float | None = None  # time.monotonic() seconds; None = no deadline
-    request_id: str = ""  # for traces
-    caller: Caller | None = None  # who asks: owns the shared-memory region named, if any
-    hold: Hold | None = None  # the answer's place in an unsent-bytes budget, if any
+    __slots__ = ("caller", "deadline", "hold", "inputs", "options", "reply", "request_id",
+                 "start_ns")
+
+    def __init__(self, options: Options, inputs: Sequence[Input], reply: Reply[R],
+                 start_ns: int, deadline: float | None = None, request_id: str = "",
+                 caller: Caller | None = None, hold: Hold | None = None) -> None:
+        self.options = options
+        self.inputs = inputs
+        self.reply = reply  # the answer's layout, and where the rows go
+        self.start_ns = start_ns  # perf_counter_ns() when it arrived: total_ns from here
+        self.deadline = deadline  # time.monotonic() seconds; None = no deadline
+        self.request_id = request_id  # for traces
+        self.caller = caller  # who asks: owns the shared-memory region named, if any
+        self.hold = hold  # the answer's place in an unsent-bytes budget, if any
 
 
 class _Slice:

@@ -108,6 +108,7 @@ class EmbeddingTables:
             else self._rules.project_hidden)
         self.width = self.dim if project is None else int(project.shape[0])
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
+        self._bounds: dict[int, float] = {}  # compose -> max_abs, computed on first use
         # The one-pass lookup (``lookup.c``) serves fp32 tables on CPU whenever it is
         # built; otherwise (and for bf16/fp16-stored tables) torch's gather, add and cast.
         self._kernel = (kernel.load() if device.type == "cpu" and self._rules is None
@@ -128,7 +129,14 @@ class EmbeddingTables:
         """An upper bound on |value| of any row ``compose`` returns, from the tables'
         largest values and each computing rule's own bound (scale: times it; project_in:
         times W's largest row L1 norm; token_type: plus its largest value; LayerNorm:
-        sqrt(C-1) * max|weight| + max|bias|, whatever its input)."""
+        sqrt(C-1) * max|weight| + max|bias|, whatever its input). Computed once per
+        compose: the tables are frozen."""
+        bound = self._bounds.get(compose)
+        if bound is None:
+            bound = self._bounds[compose] = self._bound(compose)
+        return bound
+
+    def _bound(self, compose: int) -> float:
         if compose == COMPOSE_POSITION_ONLY:
             return self.position_max_abs
         r = self._rules

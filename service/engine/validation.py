@@ -61,6 +61,7 @@ class TokenSequence:
         self.truncated_tokens = truncated_tokens
 
 
+_LARGEST = {wire: float(torch.finfo(d.torch).max) for wire, d in BY_WIRE.items()}
 _ENUMS = ((pb.Compose, "compose"), (pb.DType, "dtype"), (pb.Truncate, "truncate"))
 _VALID = tuple(frozenset(e.DESCRIPTOR.values_by_number) for e, _ in _ENUMS)
 
@@ -148,9 +149,8 @@ def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: Loade
                                   f"of model {model.name!r} (or set truncate)")
         # TRUNCATE_LEFT keeps the tail; either way the kept tokens start at start_position.
         ids = ids[:keep] if truncate == pb.TRUNCATE_RIGHT else ids[T - keep:]
-    kept = int(ids.shape[0])
-    return TokenSequence(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)),
-                         start_position, T - kept)
+        ids = np.ascontiguousarray(ids)  # a slice of a row: torch needs it whole
+    return TokenSequence(torch.from_numpy(ids), start_position, T - int(ids.shape[0]))
 
 
 def check_compose(compose: int, model: LoadedModel) -> None:
@@ -206,7 +206,7 @@ def check_dtype_range(compose: int, dtype: int, model: LoadedModel) -> None:
     return: a value past float16's 65504 would silently become inf. Decided from the
     bound alone (no per-request scan), so it is all or nothing per (model, compose, dtype)."""
     d = BY_WIRE[dtype]
-    largest = float(torch.finfo(d.torch).max)
+    largest = _LARGEST[dtype]
     bound = max_abs_output(model, compose)
     if bound > largest:
         compose_name = pb.Compose.Name(compose)

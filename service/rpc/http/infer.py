@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 import numpy as np
+import orjson
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.engine import Inputs, Options
@@ -40,6 +41,9 @@ __all__ = ["EXTENSIONS", "InferRequest", "parse_infer"]
 EXTENSIONS = ["parameters", "binary_tensor_data"]  # what GET /v2 advertises
 _TRANSPORT = ("binary_data_output",)  # request parameters of the REST form only
 _DEFAULT_ORDER = ("embeddings", "sequence_lengths")
+_DIGITS = bytes(49 if 48 <= c <= 57 else 48 for c in range(256))  # digit -> "1", else "0"
+_LONG_NUMBER = b"1" * 19  # a number past int64's range has 19 digits or more
+_ORJSON_MAX = 1 << 18
 _ID_DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4")}
 
 
@@ -119,8 +123,23 @@ def parse_infer(body: bytes, header_length: int | None, model: str,
 
 
 def _json_object(data: bytes | memoryview) -> dict[str, Any]:
+    data = bytes(data)
+    # orjson (~4x faster on a request's ids) where it reads exactly what json reads: a
+    # body with no run of 19 digits (orjson turns integers past 64 bits into floats);
+    # json otherwise, wherever orjson refuses (NaN, lone surrogates, other encodings), so
+    # that values and messages are json's, and for bodies of many strings (json is the
+    # faster there).
+    if len(data) <= _ORJSON_MAX and _LONG_NUMBER not in data.translate(_DIGITS):
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if not isinstance(value, dict):
+                raise InvalidArgument("request body must be a JSON object")
+            return value
     try:
-        value = json.loads(bytes(data))
+        value = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidArgument(f"request body is not valid JSON: {e}") from None
     except RecursionError:  # the parser's own guard, raised at the interpreter's limit
