@@ -115,6 +115,7 @@ def timing_tag(descriptor: Any) -> int:
     return int((number << 3) | 2)  # one byte for field numbers < 16
 
 
+@functools.lru_cache(maxsize=4096)
 def bytes_field_prefix(field_number: int, nbytes: int) -> bytes:
     """The tag and length of a length-delimited field holding ``nbytes`` bytes."""
     return _varint(field_number << 3 | 2) + _varint(nbytes)

@@ -17,6 +17,7 @@ with rows past each sequence's length zeroed (``padded``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -161,34 +162,38 @@ class OipReply(Reply[bytes]):
         self._id = request_id
         self._lengths = "sequence_lengths" in wanted
         self.region = region
-        self._fields: Any = None
         self._admitted: Admitted | None = None
+        self._fields = b""  # every field but the rows, serialised
 
     def prepare(self, admitted: Admitted, untrained: list[list[int]] | None) -> int:
-        model, lengths = admitted.model, admitted.lengths
-        B, T, C = _shape(admitted, True)
-        dtype = admitted.options.dtype
-        out = oip.ModelInferResponse.InferOutputTensor
-        fields = self._fields = oip.ModelInferResponse(
-            model_name=model.name, model_version=str(model.version), id=self._id,
-            outputs=[out(name="embeddings", datatype=BY_WIRE[dtype].oip, shape=[B, T, C])])
-        fields.parameters["checkpoint_id"].string_param = model.checkpoint_id
-        fields.parameters["truncated_tokens"].int64_param = sum(
-            f.truncated_tokens for f in admitted.sequences)
-        fields.parameters["start_position"].int64_param = admitted.sequences[0].start_position
-        if self._lengths:
-            fields.outputs.append(out(name="sequence_lengths", datatype="INT64", shape=[B]))
         self._admitted = admitted
+        self._fields = self._tail(admitted)
+        B, T, C = _shape(admitted, True)
         rows = 0 if self.region is not None else B * T * C * admitted.itemsize
-        return rows + fields.ByteSize() + 8 * len(lengths) + 64
+        return rows + len(self._fields) + 8 * B + 64
+
+    def _tail(self, admitted: Admitted) -> bytes:
+        """Every field but the rows, serialised: the fields that repeat from request to
+        request once per (model, shape, ...), then this request's id."""
+        model, sequences = admitted.model, admitted.sequences
+        B, T, C = _shape(admitted, True)
+        tail = _oip_fields(model.name, model.version, model.checkpoint_id,
+                           BY_WIRE[admitted.options.dtype].oip, B, T, C, self._lengths,
+                           sum(f.truncated_tokens for f in sequences),
+                           sequences[0].start_position)
+        if self._id:  # field 3: the rest of a message's fields may come in any order
+            tail += oip.ModelInferResponse(id=self._id).SerializeToString()
+        return tail
+
 
     def destination(self, region: ShmPlan | CudaPlan | None) -> Destination:
-        fields, admitted = self._fields, self._admitted
+        admitted = self._admitted
         assert admitted is not None
         B, T, C = _shape(admitted, True)
         dtype = admitted.options.dtype
         if region is not None:
             assert self.region is not None
+            fields = oip.ModelInferResponse.FromString(self._fields)  # small, and rare
             p = fields.outputs[0].parameters
             p["shared_memory_region"].string_param = self.region.name
             p["shared_memory_offset"].int64_param = self.region.offset
@@ -199,13 +204,31 @@ class OipReply(Reply[bytes]):
                 return region.destination(lambda _: fields.SerializeToString(),
                                           admitted.lengths)
             return region.destination(lambda _: fields.SerializeToString())
-        tail = fields.SerializeToString()
+        tail = self._fields
         if self._lengths:  # raw_output_contents[1], after the rows
             raw = np.asarray(admitted.lengths, dtype="<i8").tobytes()
             tail += bytes_field_prefix(_RAW_OUTPUT_FIELD, len(raw)) + raw
         nbytes = B * T * C * admitted.itemsize
         return MessageBuffer(bytes_field_prefix(_RAW_OUTPUT_FIELD, nbytes), (B * T, C),
                              BY_WIRE[dtype].torch, tail)
+
+
+@functools.lru_cache(maxsize=4096)
+def _oip_fields(model: str, version: int, checkpoint_id: str, datatype: str, B: int, T: int,
+                C: int, lengths: bool, truncated: int, start_position: int) -> bytes:
+    """A ModelInferResponse's fields but the rows and the id, serialised (requests repeat
+    a few shapes: kept for the next one)."""
+    out = oip.ModelInferResponse.InferOutputTensor
+    fields = oip.ModelInferResponse(
+        model_name=model, model_version=str(version),
+        outputs=[out(name="embeddings", datatype=datatype, shape=[B, T, C])])
+    fields.parameters["checkpoint_id"].string_param = checkpoint_id
+    fields.parameters["truncated_tokens"].int64_param = truncated
+    fields.parameters["start_position"].int64_param = start_position
+    if lengths:
+        fields.outputs.append(out(name="sequence_lengths", datatype="INT64", shape=[B]))
+    data: bytes = fields.SerializeToString()
+    return data
 
 
 @dataclass(frozen=True)

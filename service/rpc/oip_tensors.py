@@ -35,6 +35,8 @@ _OUTPUTS = ("embeddings", "sequence_lengths")
 _ID_TYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4")}
 # Set by Triton clients for scheduling; meaningless for a lookup, so accepted and ignored.
 _IGNORED = {"priority", "timeout"}
+_KNOWN = frozenset({"start_position", "compose", "truncate", "allow_special_tokens",
+                    "datatype", "add_special_tokens"})
 _MAX_START = 2**32 - 1  # start_position is a uint32 in the native contract
 ONE_INPUT = "give exactly one of 'input_ids' [B, T] (INT64/INT32) or 'text' [B] (BYTES)"
 
@@ -70,8 +72,7 @@ def parameters(values: Mapping[str, Any]) -> dict[str, Any]:
     refused, not silently ignored. ``values`` are plain Python values: the gRPC form's
     ``InferParameter``s, or the REST form's JSON ``parameters`` (its transport parameters
     already taken out)."""
-    known = {"start_position", "compose", "truncate", "allow_special_tokens", "datatype",
-             "add_special_tokens"}
+    known = _KNOWN
     raw = {k: v for k, v in values.items() if k not in _IGNORED}
     unknown = sorted(set(raw) - known)
     if unknown:
