@@ -30,8 +30,8 @@ image-test: setup  ## build the images from a clean clone (Docker), run the CPU 
 	@scripts/image_test.sh
 
 fuzz: setup      ## the server fuzz tests at length, the OIP REST spec's included (CI runs a short, fixed profile)
-	@HYPOTHESIS_PROFILE=long $(PY) -m pytest -q --timeout=0 tests/service/test_fuzz.py \
-		tests/service/test_fuzz_http.py tests/http/test_http_spec.py
+	@HYPOTHESIS_PROFILE=long $(PY) -m pytest -q --timeout=0 tests/service/rpc/test_fuzz.py \
+		tests/service/rpc/http/test_fuzz.py tests/service/rpc/http/test_spec.py
 
 check: setup proto-check  ## ruff + mypy
 	@$(VENV)/bin/ruff check .

@@ -93,7 +93,7 @@ xdist=()
 # client, tritonclient, selenium (the REST page's tests) and the k8s validators are not on
 # the GPU image, and nothing in them touches the device.
 tests=(tests/service/rpc tests/service/engine tests/service/test_lifecycle.py
-       tests/service/test_shared_tables.py tests/service/test_big_table.py
+       tests/service/format/test_shared_tables.py tests/service/engine/test_big_table.py
        tests/bench)
 [ -n "${QUICK:-}" ] && tests=(tests/bench/test_bench_smoke.py tests/service/engine/test_shm.py)
 for t in "${tests[@]}"; do [ -e "$t" ] || { say "test path $t is gone: fix the list"; exit 2; }; done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make a headless browser and curl available for tests/http (the page in a real browser,
+# Make a headless browser and curl available for tests/service/rpc/http (the page in a real browser,
 # the curl commands of docs/interop.md). Debian's chromium + chromium-driver: Selenium is
 # pointed at /usr/bin/chromium and /usr/bin/chromedriver and never downloads a browser.
 # Idempotent and quiet: does nothing when all three are there. Needs root for apt.

@@ -35,7 +35,7 @@ def start(repo: Path, **overrides: object) -> ServerHandle:
     settings: dict[str, object] = {"grpc_port": 0, "http_port": 0, "metrics_port": 0,
                                    "poll_seconds": 0, "default_model": "tiny", "device": device,
                                    # a failing version is refused at once (not "not ready
-                                   # yet"): tests/service/test_copy_in.py sets a grace
+                                   # yet"): tests/service/engine/test_copy_in.py sets a grace
                                    "load_grace_seconds": 0,
                                    **overrides}
     config = ServerConfig(model_repository=repo, **settings)  # type: ignore[arg-type]

@@ -50,15 +50,15 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/deploy.md", "cd deploy/k8s/training && kustomize"): "needs the Training Operator "
     "on a cluster; make image-test runs the PyTorchJob's pods (tests/deploy/k8s_scenario.py)",
     ("docs/deploy.md", "cp -r v7/ /models/tiny/.incoming-7"): "a path on the pods' volume; "
-    "tests/service/test_copy_in.py copies versions in and out of a live server's repository",
+    "tests/service/engine/test_copy_in.py copies versions in and out of a live server's repository",
     ("docs/maintainers.md", "make image-test"): "builds Docker images as root for many "
     "minutes; CI runs it after make test",
     ("docs/training.md", "NANOGPT_DIR=/work/nanogpt"): "needs a checkout of nanoGPT outside "
     "the project (never vendored) and minutes of both trainers on the machine",
     ("docs/importers.md", "~/bloom-560m"): "needs the named checkpoints; each form is "
-    "run on small models by tests/training/test_importers.py and test_hf_import.py",
+    "run on small models by tests/training/importers/test_importers.py and test_hf_import.py",
     ("docs/importers.md", "~/Qwen3-8B"): "needs the named checkpoints (and installs into the "
-    "venv); tests/service/test_hf_discovery.py imports each form on small models",
+    "venv); tests/training/importers/test_discovery.py imports each form on small models",
     ("docs/client.md", "pip install ./client"): "installs into the venv it runs in; "
     "tests/client/test_client_package.py runs exactly this line into a fresh venv",
     ("docs/interop.md", "model(inputs_embeds=inputs_embeds"): "an excerpt of "

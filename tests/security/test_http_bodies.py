@@ -22,8 +22,8 @@ from collections.abc import Iterator
 import pytest
 
 from service.local import ServerHandle
-from tests.http.conftest import infer_body, request
 from tests.security.conftest import TOKEN
+from tests.service.rpc.http.conftest import infer_body, request
 
 HTTP_AUTH = {"Authorization": f"Bearer {TOKEN}"}
 INFER = "/v2/models/tiny/infer"

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from service.local import ServerHandle
-from tests.http.conftest import request
 from tests.security.conftest import LIMITS, TOKEN, server_seconds
+from tests.service.rpc.http.conftest import request
 
 HTTP_AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_INPUTS = LIMITS["max_inputs_per_request"]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.http.conftest import infer_body, request
 from tests.security.conftest import TOKEN, WIDE_DIM
+from tests.service.rpc.http.conftest import infer_body, request
 from tests.tiny_model import MAX_SEQ_LEN, start
 
 HTTP_AUTH = {"Authorization": f"Bearer {TOKEN}"}

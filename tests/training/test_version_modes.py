@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 from service.format.writer import DIR_MODE, FILE_MODE, write_checkpoint
 from tests.training.conftest import MakeConfig
-from tests.training.test_importers import _nanogpt_ckpt
+from tests.training.importers.test_importers import _nanogpt_ckpt
 from training.data import load_tokens
 from training.export import export_model
 from training.importers import main as importers_main

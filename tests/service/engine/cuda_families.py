@@ -3,7 +3,7 @@ bit-for-bit tests (on CPU tables here, on GPU tables in the gpu-marked tests).
 
 Written by the real checkpoint writer with each family's rules and rule tensors (what the
 HF importer writes for Gemma, BioGPT, Granite, OPT-350m, BERT and BLOOM, whose equality
-with transformers is tests/service/test_hf_families.py's), so it needs no transformers:
+with transformers is tests/training/importers/test_families.py's), so it needs no transformers:
 the GPU image has none.
 """
 

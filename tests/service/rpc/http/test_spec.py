@@ -40,8 +40,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from service.local import ServerHandle
-from tests.http.conftest import request
-from tests.service.fuzz_strategies import FUZZ
+from tests.service.rpc.fuzz_strategies import FUZZ
+from tests.service.rpc.http.conftest import request
 from tests.tiny_model import MAX_SEQ_LEN, VOCAB_SIZE, start
 
 SPEC = Path(__file__).with_name("oip_spec") / "open_inference_rest.yaml"

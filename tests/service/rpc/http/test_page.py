@@ -13,8 +13,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from service.local import ServerHandle
-from tests.http.conftest import request
-from tests.http.page_browser import (
+from tests.service.rpc.http.conftest import request
+from tests.service.rpc.http.page_browser import (
     INKED,
     fill,
     text_of,

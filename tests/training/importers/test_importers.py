@@ -18,7 +18,7 @@ from service.format.checkpoint import read_checkpoint
 from service.format.tokenizer import GPT2_PAT_STR, default_ranks_path, load_tokenizer
 from training.importers import main
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 GPT2_VOCAB = 50257
 
 
@@ -326,7 +326,7 @@ def test_nanogpt_refuses_pickled_objects(tmp_path: Path,
     assert main(["nanogpt", str(path), "--out", str(tmp_path / "m" / "1")]) == 2
     assert capsys.readouterr().err == (
         f"error: {path}: holds Python objects besides tensors and plain containers "
-        f"(tests.training.test_importers._NotAllowed): refused; a checkpoint is read as "
+        f"(tests.training.importers.test_importers._NotAllowed): refused; a checkpoint is read as "
         f"data, never as code\n")
     assert not (tmp_path / "m").exists()
 

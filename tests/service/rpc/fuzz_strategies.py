@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from tests.service.fuzz_oracle import VERSION
+from tests.service.rpc.fuzz_oracle import VERSION
 from tests.tiny_model import TABLE_ROWS, VOCAB_SIZE
 
 # ci: a fixed, reproducible set (derandomize) that fits the CI budget; long: `make fuzz`.

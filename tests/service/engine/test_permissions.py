@@ -20,7 +20,7 @@ from pathlib import Path
 from service.format.checkpoint import EMBEDDINGS_FILE
 from tests.conftest import MakeCheckpoint
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NOBODY = 65534
 AS_ROOT = os.geteuid() == 0
 _PR_CAPBSET_DROP = 24

@@ -1,5 +1,5 @@
 """Headless Debian Chromium driven by Selenium, for the page's tests: the ``browser`` fixture
-(``tests/http/conftest.py`` imports it for the directory), waiting for the page's state,
+(``tests/service/rpc/http/conftest.py`` imports it for the directory), waiting for the page's state,
 filling its form, and reading back what it drew."""
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.local import ServerHandle
-from tests.service.fuzz_oracle import (
+from tests.service.rpc.fuzz_oracle import (
     GOOD,
     MAX_MESSAGE_BYTES,
     SERVER_CONFIG,
@@ -44,7 +44,7 @@ from tests.service.fuzz_oracle import (
     still_serves,
     wire_bytes,
 )
-from tests.service.fuzz_strategies import (
+from tests.service.rpc.fuzz_strategies import (
     BAD_UTF8,
     FUZZ,
     IDS,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from service.local import ServerHandle
-from tests.http.conftest import infer_body, request
+from tests.service.rpc.http.conftest import infer_body, request
 
 # (in the path, as the error quotes it): yarl decodes what is valid UTF-8 and keeps the rest
 NAMES = [("%FF", "'%FF'"), ("%ED%A0%80", "'%ED%A0%80'"), ("%00", "'\\\\x00'"),

@@ -14,7 +14,7 @@ import pytest
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.local import ServerHandle
-from tests.http.conftest import as_bits, binary_outputs, infer_body, request
+from tests.service.rpc.http.conftest import as_bits, binary_outputs, infer_body, request
 from tests.tiny_model import DIM
 
 IDS = [[31373, 995, 0, 50256, 7], [1, 2, 3, 4, 5]]
@@ -182,7 +182,7 @@ def test_one_engine_and_no_grpc_front_imported(server: ServerHandle) -> None:
     assert s.http is not None
     assert s.http.engine is s.engine is s.fronts[0].engine is s.fronts[1].engine
     assert s.http.frame is s.frame
-    rest = Path(__file__).resolve().parents[2] / "service" / "rpc" / "http"
+    rest = Path(__file__).resolve().parents[4] / "service" / "rpc" / "http"
     for path in sorted(rest.glob("*.py")):
         tree = ast.parse(path.read_text())
         name = path.name

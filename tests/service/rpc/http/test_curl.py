@@ -24,7 +24,7 @@ from service.local import ServerHandle
 from tests.oip_cases import CASES, OipCase, Outcome, check
 from tests.tiny_model import DIM
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "interop.md"
+DOC = Path(__file__).resolve().parents[4] / "docs" / "interop.md"
 
 
 def blocks() -> list[str]:

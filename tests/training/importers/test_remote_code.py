@@ -26,7 +26,7 @@ import torch
 
 from service.engine.repository import Repository
 from tests.hf_models import build, save
-from tests.service.test_hf_hostile_files import assert_safe_message
+from tests.training.importers.test_hostile_files import assert_safe_message
 from training.importers import hf as hf_module
 from training.importers import main
 from training.importers import reference as reference_module
@@ -37,7 +37,7 @@ from training.importers.source import ImporterError, SafetensorsDir
 from training.importers.spm_tokenizer import convert
 from training.importers.tokenizer_json import resolve
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STDINS = {"y": "y\n", "yes": "yes\n", "closed": None}
 # Each hostile layout: (files it adds or changes, the one line's expected start after the
 # directory, i.e. "<file>: <key> ...").

@@ -25,7 +25,7 @@ from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.local import ServerHandle
 from tests.tiny_model import DIM
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 GRAPH = ROOT / "deploy" / "kserve" / "inferencegraph.yaml"
 
 

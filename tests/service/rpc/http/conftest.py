@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.http.page_browser import browser  # noqa: F401  (the page tests' fixture)
+from tests.service.rpc.http.page_browser import browser  # noqa: F401  (the page tests' fixture)
 
 __all__ = ["Reply", "binary_outputs", "infer_body", "request"]
 

@@ -22,7 +22,7 @@ from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service import tracing
 from service.errors import http_status_for
 from service.local import ServerHandle
-from tests.http.conftest import Reply, infer_body, request
+from tests.service.rpc.http.conftest import Reply, infer_body, request
 from tests.tiny_model import MakeCheckpoint, start
 
 AUTH = {"Authorization": "Bearer t0ken"}

@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.http.conftest import infer_body, request
+from tests.service.rpc.http.conftest import infer_body, request
 from tests.tiny_model import start
 
 INFER = "/v2/models/tiny/infer"

@@ -10,7 +10,7 @@ import pytest
 
 from service.local import ServerHandle
 from tests.client.conftest import certs  # noqa: F401  (the openssl-made CA and certs)
-from tests.http.conftest import infer_body, request
+from tests.service.rpc.http.conftest import infer_body, request
 from tests.tiny_model import start
 
 

@@ -28,8 +28,8 @@ from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from service.local import ServerHandle
-from tests.service.fuzz_oracle import SERVER_CONFIG
-from tests.service.fuzz_strategies import FUZZ
+from tests.service.rpc.fuzz_oracle import SERVER_CONFIG
+from tests.service.rpc.fuzz_strategies import FUZZ
 from tests.tiny_model import start
 
 SECONDS_FLOOR = 0.05  # as test_fuzz.py: scheduling noise on a loaded machine, GC

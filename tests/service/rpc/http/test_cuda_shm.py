@@ -18,9 +18,9 @@ from tritonclient.utils import InferenceServerException
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.local import ServerHandle
-from tests.http.conftest import request
 from tests.security.shm_helpers import IDS, non_loopback_address
 from tests.service.engine.cuda_memory import HANDLE, HostOpener, registry
+from tests.service.rpc.http.conftest import request
 from tests.tiny_model import DIM, start
 
 B64 = base64.b64encode(HANDLE).decode()

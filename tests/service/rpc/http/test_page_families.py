@@ -21,7 +21,7 @@ from selenium.webdriver.common.by import By
 
 from service.local import ServerHandle
 from tests.hf_models import HIDDEN, MAX_POS, build, reference, save
-from tests.http.page_browser import (
+from tests.service.rpc.http.page_browser import (
     INKED,
     canvas_width,
     fill,
@@ -31,7 +31,7 @@ from tests.http.page_browser import (
 from tests.tiny_model import start
 from training.importers import main as import_main
 
-IDS = [5, 17, 0, 95, 42, 42, 7, 63, 1, 88, 30]  # T=11, as tests/service/test_hf_families.py
+IDS = [5, 17, 0, 95, 42, 42, 7, 63, 1, 88, 30]  # T=11, as tests/training/importers/test_families.py
 T = len(IDS)
 START = 3
 N = T * HIDDEN
@@ -154,7 +154,7 @@ def families(tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """The reference runs on the server's one torch thread: OPT's project_in is a GEMM whose
-    rounding depends on the thread count (tests/service/test_hf_families.py)."""
+    rounding depends on the thread count (tests/training/importers/test_families.py)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
