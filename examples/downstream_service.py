@@ -47,13 +47,9 @@ from torch import nn
 
 from client import AsyncEmbeddingClient, EmbeddingError, flags
 from client.grammar import TARGET
-from service.format.checkpoint import (
-    EMBEDDINGS_FILE,
-    MODEL_FILE,
-    CheckpointError,
-    read_safetensors,
-    verify_checkpoint,
-)
+from service.format.checkpoint import verify_checkpoint
+from service.format.manifest import EMBEDDINGS_FILE, MODEL_FILE
+from service.format.tensorfile import CheckpointError, read_safetensors
 from service.local import start_local
 from service.preflight import bind_refusal
 from training.model import GPT, ModelConfig

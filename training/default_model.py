@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from client import flags
-from service.format.checkpoint import CheckpointError, list_versions, verify_checkpoint
+from service.format.checkpoint import list_versions, verify_checkpoint
+from service.format.tensorfile import CheckpointError
 from training.config import parse_config
 from training.malloc import reexec_with_tunables
 

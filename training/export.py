@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from service.format.checkpoint import Manifest
+from service.format.manifest import Manifest
 from service.format.tokenizer import TokenizerSpec
 from service.format.writer import next_version, write_checkpoint
 from training.config import TrainConfig

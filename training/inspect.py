@@ -26,9 +26,10 @@ import torch.nn.functional as F
 
 from client import flags
 from client.flags import internal_error
-from service.format.checkpoint import Checkpoint, CheckpointError, list_versions, read_checkpoint
+from service.format.checkpoint import Checkpoint, list_versions, read_checkpoint
 from service.format.hf_tokenizer import TextTokenizer, load_text_tokenizer
 from service.format.positions import sinusoidal_table
+from service.format.tensorfile import CheckpointError
 from training.plot import PlotsUnavailable, pyplot
 
 __all__ = [

@@ -19,7 +19,7 @@ from bench.harness.launch import ServerProcess, memory_mb, process_tree, service
 from bench.harness.launch import launch as launch_server
 from bench.soak.oracle import Oracle, PublishedVersion
 from bench.soak.requests import MODEL
-from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE
+from service.format.manifest import EMBEDDINGS_FILE, MANIFEST_FILE
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 from service.format.writer import write_checkpoint
 

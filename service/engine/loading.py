@@ -14,9 +14,10 @@ import torch
 
 from service.engine.tables import EmbeddingTables
 from service.errors import FailedPrecondition
-from service.format.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from service.format.checkpoint import Checkpoint, read_checkpoint
 from service.format.hf_tokenizer import TextTokenizer, load_text_tokenizer
 from service.format.positions import sinusoidal_table
+from service.format.tensorfile import CheckpointError
 
 __all__ = ["LoadedModel", "load_model"]
 

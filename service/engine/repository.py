@@ -34,7 +34,8 @@ from service.engine.loading import LoadedModel, load_model
 from service.engine.pending_versions import PendingVersions, tree_signature
 from service.engine.permissions import permission_error, unlistable_message, unreadable_message
 from service.errors import NotFound, Unavailable, quote
-from service.format.checkpoint import CheckpointError, is_version_name, list_versions
+from service.format.checkpoint import is_version_name, list_versions
+from service.format.tensorfile import CheckpointError
 
 __all__ = ["Repository", "parse_pins", "public_reason"]
 

@@ -34,43 +34,18 @@ import torch
 
 from service.format.manifest import (
     EMBEDDINGS_FILE,
-    FORMAT,
     MANIFEST_FILE,
-    MODEL_FILE,
-    POSITION_KINDS,
     ROW_UPDATES_FILE,
-    TOKENIZER_FILE,
     Manifest,
 )
 from service.format.tensorfile import (
     CheckpointError,
     check_finite,
-    parse_safetensors,
-    read_private,
     read_safetensors,
     sha256_file,
 )
 
-__all__ = [
-    "EMBEDDINGS_FILE",
-    "FORMAT",
-    "MANIFEST_FILE",
-    "MODEL_FILE",
-    "POSITION_KINDS",
-    "ROW_UPDATES_FILE",
-    "TOKENIZER_FILE",
-    "Checkpoint",
-    "CheckpointError",
-    "Manifest",
-    "check_finite",
-    "is_version_name",
-    "list_versions",
-    "parse_safetensors",
-    "read_checkpoint",
-    "read_private",
-    "read_safetensors",
-    "verify_checkpoint",
-]
+__all__ = ["Checkpoint", "is_version_name", "list_versions", "read_checkpoint", "verify_checkpoint"]
 
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")  # a version folder: ASCII digits, no leading 0
 

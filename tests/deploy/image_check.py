@@ -40,7 +40,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from client import EmbeddingClient
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
-from service.format.checkpoint import EMBEDDINGS_FILE, read_checkpoint
+from service.format.checkpoint import read_checkpoint
+from service.format.manifest import EMBEDDINGS_FILE
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from service.format.writer import write_checkpoint
 

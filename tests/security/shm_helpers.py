@@ -22,7 +22,7 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
-from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE
+from service.format.manifest import EMBEDDINGS_FILE, MANIFEST_FILE
 from tests.tiny_model import DIM, tiny_tables
 
 SHM = Path("/dev/shm")

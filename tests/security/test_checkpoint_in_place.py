@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service.format.checkpoint import (
-    EMBEDDINGS_FILE,
-    ROW_UPDATES_FILE,
-    CheckpointError,
-    read_checkpoint,
-)
+from service.format.checkpoint import read_checkpoint
+from service.format.manifest import EMBEDDINGS_FILE, ROW_UPDATES_FILE
+from service.format.tensorfile import CheckpointError
 from tests.security.shm_helpers import IDS, As, channel, expected_rows
 from tests.tiny_model import TABLE_ROWS, MakeCheckpoint, start
 

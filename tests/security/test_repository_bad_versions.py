@@ -16,14 +16,9 @@ import pytest
 import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service.format.checkpoint import (
-    EMBEDDINGS_FILE,
-    MANIFEST_FILE,
-    CheckpointError,
-    check_finite,
-    is_version_name,
-    read_checkpoint,
-)
+from service.format.checkpoint import is_version_name, read_checkpoint
+from service.format.manifest import EMBEDDINGS_FILE, MANIFEST_FILE
+from service.format.tensorfile import CheckpointError, check_finite
 from tests.security.shm_helpers import (
     IDS,
     As,

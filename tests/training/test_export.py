@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.format.checkpoint import MODEL_FILE, read_checkpoint, read_safetensors
+from service.format.checkpoint import read_checkpoint
+from service.format.manifest import MODEL_FILE
 from service.format.positions import sinusoidal_table
+from service.format.tensorfile import read_safetensors
 from service.format.tokenizer import Tokenizer, default_ranks_path, gpt2_spec
 from tests.training.conftest import MakeConfig
 from training.config import TrainConfig

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import torch
 
-from service.format.checkpoint import EMBEDDINGS_FILE, MODEL_FILE, read_checkpoint, read_safetensors
+from service.format.checkpoint import read_checkpoint
+from service.format.manifest import EMBEDDINGS_FILE, MODEL_FILE
+from service.format.tensorfile import read_safetensors
 from service.format.tokenizer import Tokenizer, default_ranks_path, gpt2_spec
 from tests.training.conftest import MakeConfig
 from training.data import load_tokens

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from service.format.checkpoint import MANIFEST_FILE, Manifest, is_version_name
+from service.format.checkpoint import is_version_name
+from service.format.manifest import MANIFEST_FILE, Manifest
 from service.format.tokenizer import (
     GPT2_PAT_STR,
     GPT2_SPECIAL_TOKENS,

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE
+from service.format.manifest import EMBEDDINGS_FILE, MANIFEST_FILE
 from service.local import ServerHandle
 from tests.tiny_model import MakeCheckpoint, start
 

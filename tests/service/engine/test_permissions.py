@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.format.checkpoint import EMBEDDINGS_FILE
+from service.format.manifest import EMBEDDINGS_FILE
 from tests.conftest import MakeCheckpoint
 
 REPO = Path(__file__).resolve().parents[3]

@@ -22,7 +22,7 @@ import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.format.checkpoint import EMBEDDINGS_FILE, MANIFEST_FILE
+from service.format.manifest import EMBEDDINGS_FILE, MANIFEST_FILE
 from service.local import ServerHandle
 from tests.tiny_model import MAX_SEQ_LEN, VOCAB_SIZE, MakeCheckpoint, start, tiny_tables
 

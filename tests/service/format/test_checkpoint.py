@@ -9,16 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from service.format.checkpoint import (
-    EMBEDDINGS_FILE,
-    MANIFEST_FILE,
-    CheckpointError,
-    Manifest,
-    list_versions,
-    read_checkpoint,
-    read_safetensors,
-    verify_checkpoint,
-)
+from service.format.checkpoint import list_versions, read_checkpoint, verify_checkpoint
+from service.format.manifest import EMBEDDINGS_FILE, MANIFEST_FILE, Manifest
+from service.format.tensorfile import CheckpointError, read_safetensors
 from service.format.tokenizer import GPT2_RANKS_SHA256, gpt2_spec
 from service.format.writer import next_version, write_checkpoint
 from tests.tiny_model import DIM, MAX_SEQ_LEN, TABLE_ROWS, VOCAB_SIZE, MakeCheckpoint, tiny_tables

@@ -21,7 +21,7 @@ from client.cli import main as cli_main
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
 from service.engine.loading import load_model
-from service.format.checkpoint import CheckpointError
+from service.format.tensorfile import CheckpointError
 from service.local import ServerHandle
 from tests.hf_models import HIDDEN
 from tests.tiny_model import start

@@ -24,7 +24,7 @@ import transformers as tf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from client import EmbeddingClient
-from service.format.checkpoint import MANIFEST_FILE
+from service.format.manifest import MANIFEST_FILE
 from service.local import ServerHandle
 from tests.hf_models import (
     DISCOVERY_MODELS,

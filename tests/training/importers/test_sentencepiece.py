@@ -14,7 +14,7 @@ import torch
 import transformers as tf
 
 from client import EmbeddingClient
-from service.format.checkpoint import MANIFEST_FILE
+from service.format.manifest import MANIFEST_FILE
 from tests.hf_models import build, reference, save
 from tests.tiny_model import start
 from training.importers import main as import_main
