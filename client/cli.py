@@ -185,31 +185,35 @@ ENVIRONMENT = {"target": "EMBED_TARGET", "token": "EMBED_TOKEN"}
 def build_parser() -> argparse.ArgumentParser:
     """The embedctl argument parser, each option checked by its rule in RULES."""
     p = flags.OneLineParser(prog="embedctl", description="Talk to the embedding service. "
-                            "A mistake in the options is one line on stderr and exit "
-                            "status 2; a failed call one line and exit status 1.")
+                            "The options below go before COMMAND; each command's own "
+                            "options after it (embedctl COMMAND --help). A mistake in the "
+                            "options is one line on stderr and exit status 2; a failed call "
+                            "one line and exit status 1.")
     p.add_argument("--target", metavar="HOST:PORT",
                    help=f"the service's gRPC port: {TARGET_FORM} (env EMBED_TARGET; "
                         f"default {DEFAULT_TARGET})")
     p.add_argument("--timeout", default=10.0, metavar="SECONDS",
                    help="deadline of each call, seconds > 0 (default %(default)g)")
-    p.add_argument("--token", help="bearer token (env EMBED_TOKEN)")
+    p.add_argument("--token", help="bearer token: visible ASCII without spaces or line "
+                   "breaks (env EMBED_TOKEN)")
     p.add_argument("--tls", action="store_true", help="TLS, trusting the system's roots")
     p.add_argument("--tls-ca", metavar="PEM", help="TLS, trusting only the root "
-                   "certificates in this file")
-    p.add_argument("--tls-cert", metavar="PEM", help="client certificate (mutual TLS; "
-                   "with --tls-key)")
-    p.add_argument("--tls-key", metavar="PEM", help="client key (mutual TLS; with "
-                   "--tls-cert)")
+                   "certificates in this PEM file; not with --tls")
+    p.add_argument("--tls-cert", metavar="PEM", help="client certificate chain, a PEM file "
+                   "(mutual TLS; with --tls-key)")
+    p.add_argument("--tls-key", metavar="PEM", help="its unencrypted private key, a PEM "
+                   "file (mutual TLS; with --tls-cert)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[EmbeddingClient, argparse.Namespace], None],
                 help_: str, model: bool = True) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_, description=help_)
         if model:
-            c.add_argument("--model", default="", help="model name (default: the server's "
-                           "default model)")
-            c.add_argument("--version", default=0, help="version, 0 = the newest "
-                           "loaded (default)")
+            c.add_argument("--model", default="", help="model name: letters, digits, '.', "
+                           "'_', '-', starting with a letter or digit (default: the "
+                           "server's default model)")
+            c.add_argument("--version", default=0, metavar="N", help="version, 0..2^53-1; "
+                           "0 = the newest loaded (default)")
         c.set_defaults(run=run)
         return c
 
@@ -220,26 +224,37 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--start-position", default=0, metavar="P",
                    help="position of the first token, 0..2^32-1 (default 0)")
     e.add_argument("--compose", default="token+position",
-                   metavar="{" + ",".join(COMPOSE) + "}", help=_enum_help("compose"))
+                   metavar="{" + ",".join(COMPOSE) + "}",
+                   help="what to return: the token and position rows summed (default), the "
+                        "token rows (what HF inputs_embeds and vLLM prompt_embeds take), or "
+                        "the position rows; " + _enum_help("compose"))
     e.add_argument("--dtype", default="float32",
-                   metavar="{" + ",".join(DTYPES) + "}", help=_enum_help("dtype"))
+                   metavar="{" + ",".join(DTYPES) + "}",
+                   help="the rows' dtype (added in float32, then cast; default float32); "
+                        + _enum_help("dtype"))
     e.add_argument("--add-special-tokens", action=argparse.BooleanOptionalAction,
                    default=None, help="add (or omit) the model's BOS/EOS to TEXT; default: "
                    "the model's own default")
     e.add_argument("--truncate", default="none",
-                   metavar="{" + ",".join(TRUNCATE) + "}", help=_enum_help("truncate"))
+                   metavar="{" + ",".join(TRUNCATE) + "}",
+                   help="a sequence past the model's max_seq_len: refused (none, the "
+                        "default), its first tokens kept (right) or its last (left); "
+                        + _enum_help("truncate"))
     e.add_argument("--allow-special-tokens", action="store_true",
-                   help="encode '<|endoftext|>' in TEXT as the special token")
-    e.add_argument("--out", metavar="FILE.npy", help="also save the (T, C) array in this "
-                   "file, written with np.save at exactly this path")
+                   help="encode special-token strings in TEXT (e.g. '<|endoftext|>') as "
+                   "the special tokens, not as plain text")
+    e.add_argument("--out", metavar="FILE.npy", help="also save the (T, C) array (bfloat16 "
+                   "widened to float32) at exactly this path: a name ending in .npy, in a "
+                   "directory that exists")
     e.add_argument("--shm", action="store_true",
                    help="receive the rows through a /dev/shm region (server on this host)")
     e.add_argument("--shm-bytes", default=64 << 20, metavar="BYTES",
-                   help="size of that region (default 64 MiB)")
+                   help="size of that region, bytes >= 1; with --shm (default 64 MiB)")
     t = command("tokenize", _tokenize, "text -> token ids and token strings")
-    t.add_argument("text", metavar="TEXT")
+    t.add_argument("text", metavar="TEXT", help="the text to tokenize")
     t.add_argument("--allow-special-tokens", action="store_true",
-                   help="encode '<|endoftext|>' in TEXT as the special token")
+                   help="encode special-token strings in TEXT (e.g. '<|endoftext|>') as "
+                   "the special tokens, not as plain text")
     d = command("detokenize", _detokenize, "comma-separated token ids -> text")
     d.add_argument("ids", metavar="IDS", help="integers separated by commas, e.g. 1,2,3")
     command("info", _info, "one model's tables, tokenizer and limits")

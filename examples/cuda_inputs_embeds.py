@@ -132,16 +132,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python examples/cuda_inputs_embeds.py",
         description="Embedding-service rows written into this process's GPU memory as HF "
                     "GPT-2 inputs_embeds: same logits as input_ids, bit for bit (float32).")
-    parser.add_argument("--text", default="Input embeddings are what the first block reads.")
-    parser.add_argument("--start-position", type=int, default=7,
-                        help="position of the first token (sent as start_position and as "
-                             "HF position_ids)")
-    parser.add_argument("--target", help="a running service on this node with its tables on "
-                                         "a GPU; default: build a random model and serve it")
-    parser.add_argument("--hf-dir", type=Path,
+    parser.add_argument("--text", default="Input embeddings are what the first block reads.",
+                        help="the text to embed (default: a sentence of its own)")
+    parser.add_argument("--start-position", type=int, default=7, metavar="P",
+                        help="position of the first token, >= 0 (sent as start_position and "
+                             "as HF position_ids; default 7)")
+    parser.add_argument("--target", metavar="HOST:PORT",
+                        help="a running service on this node with its tables on a GPU; "
+                             "default: build a random model and serve it here")
+    parser.add_argument("--hf-dir", type=Path, metavar="DIR",
                         help="with --target: the saved HF GPT-2 whose tables it serves")
-    parser.add_argument("--model", default="hf-gpt2", help="model name in the repository")
-    parser.add_argument("--seed", type=int, default=0, help="random init of the local model")
+    parser.add_argument("--model", default="hf-gpt2",
+                        help="model name in the repository (default hf-gpt2)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random init of the local model (default 0)")
     args = parser.parse_args(argv)
     try:
         import transformers

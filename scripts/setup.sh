@@ -42,5 +42,6 @@ fi
 # The one-pass CPU lookup (service/engine/lookup.c): built now where a C compiler is; the
 # server builds it on first use otherwise, and serves torch's path where it cannot.
 if command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; then
-  .venv/bin/python -m service.engine.kernel >/dev/null
+  # (-c, not -m: the package imports the module first, and runpy would warn about it)
+  .venv/bin/python -c "from service.engine.kernel import build; build()"
 fi

@@ -62,8 +62,8 @@ RULES: dict[str, flags.Rule] = {
 }
 
 HELP: dict[str, str] = {
-    "data": "text files, globs, directories or .jsonl (a 'text' field per line); default: "
-            "pydoc_data.topics",
+    "data": "the corpus, one or more paths (a .jsonl file: its 'text' field, one document "
+            "per line)",
     "val_fraction": "last fraction of the token stream kept for validation",
     "cache_dir": "tokenized shards, keyed by content hash",
     "n_layer": "transformer blocks",
@@ -74,7 +74,8 @@ HELP: dict[str, str] = {
     "position": "learned or sinusoidal position table, or none (RoPE in attention)",
     "tie_weights": "share the token table with the LM head",
     "sparse_embeddings": "sparse table gradients and SparseAdam: idle rows never move",
-    "table_rows": "rows of the token table (GPT-2's ids padded to a multiple of 64)",
+    "table_rows": "rows of the token table; rows past GPT-2's ids are padding, never an "
+                  "input",
     "loss_chunk": "rows per chunk of the fused head + cross-entropy",
     "head_precision": "the chunked head's matmuls in training; auto = bf16 where the CPU "
                       "has it natively",

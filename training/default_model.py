@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None, reexec: bool = False) -> int:
         reexec_with_tunables("training.default_model", list(argv or sys.argv[1:]))
     from training.__main__ import execute
 
-    print(f"{repository}: no valid model; training the default config (~3 min on 2 cores)")
+    print(f"{repository}: no valid model; training the default config (a minute or two on 2 cores)")
     return execute(cfg, PROG)
 
 

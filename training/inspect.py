@@ -2,13 +2,14 @@
 
     python -m training.inspect --model-repository models --model NAME [--version N] CMD
       neighbors WORD [--k 10]        nearest tokens by cosine similarity in the token table
+      neighbors --id ID [--k 10]     the same for a token id
       positions --out positions.png  cosine-similarity heatmap of the position table
       lookup TEXT --out lookup.png   token rows, position rows and their sum, [T x C] each
       untrained [--limit N]          token ids whose row no training step ever updated
 
-Only rows below ``vocab_size`` are real tokens: padding rows (nanoGPT's 50257..50303)
-are never inputs, so they are left out of neighbours and counts. A figure is written at
-exactly the ``--out`` path, in the format its suffix names (.png, .svg or .pdf). A mistake
+Only rows below vocab_size are real tokens: padding rows (nanoGPT's 50257..50303) are
+never inputs, so they are left out of neighbours and counts. A figure is written at
+exactly the --out path, in the format its suffix names (.png, .svg or .pdf). A mistake
 (an option, a model or version that is not there, a checkpoint that cannot be read) is one
 line and exit status 2; a bug one line naming the log of its traceback (exit status 70).
 """
@@ -258,25 +259,29 @@ def _parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-repository", type=Path, default=Path("models"), metavar="DIR",
                    help="the repository holding <model>/<version>/ (default models)")
-    p.add_argument("--model", required=True, metavar="NAME", help="the model to inspect")
-    p.add_argument("--version", help="a version of it (default: the newest)")
+    p.add_argument("--model", required=True, metavar="NAME",
+                   help="the model to inspect: a folder name under --model-repository")
+    p.add_argument("--version", metavar="N",
+                   help="a version of it, an integer >= 1 (default: the newest)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = sub.add_parser("neighbors", help="nearest tokens by cosine similarity")
     s.add_argument("word", nargs="?", metavar="WORD", help="text that is exactly one token")
-    s.add_argument("--id", help="a token id instead of WORD")
-    s.add_argument("--k", default=10, help="how many neighbours (default 10)")
+    s.add_argument("--id", metavar="ID", help="a token id instead of WORD, below the "
+                   "model's vocab_size")
+    s.add_argument("--k", default=10, metavar="K", help="how many neighbours, >= 1 (default 10)")
     figure = f"the figure to write, at exactly this path ({', '.join(FIGURE_SUFFIXES)})"
     s = sub.add_parser("positions", help="position-table cosine-similarity heatmap")
     s.add_argument("--out", type=Path, default=Path("positions.png"), metavar="FILE",
                    help=f"{figure}; default positions.png")
     s = sub.add_parser("lookup", help="token, position and summed rows for a text")
     s.add_argument("text", metavar="TEXT", help="the text to look up")
-    s.add_argument("--start-position", default=0, help="position of its first token "
-                   "(default 0)")
+    s.add_argument("--start-position", default=0, metavar="P",
+                   help="position of its first token, >= 0 (default 0)")
     s.add_argument("--out", type=Path, default=Path("lookup.png"), metavar="FILE",
                    help=f"{figure}; default lookup.png")
     s = sub.add_parser("untrained", help="token rows never updated in training")
-    s.add_argument("--limit", default=20, help="how many ids to list (default 20)")
+    s.add_argument("--limit", default=20, metavar="N", help="how many ids to list, >= 0 "
+                   "(default 20)")
     flags.install(p, RULES)
     return p
 

@@ -40,6 +40,19 @@ from training.importers.tokenizer_json import ResolvedTokenizer, resolve
 
 __all__ = ["LLAMA3_PAT_STR", "main", "write_imported"]
 
+_DESCRIPTION = """\
+Import another project's checkpoint as a model version the server serves: its token
+table, position table and embedding rules, and its tokenizer (docs/importers.md).
+
+    python -m training.importers hf DIR --out models/NAME/VERSION
+    python -m training.importers hf DIR --name-map-check          (a dry run)
+    python -m training.importers nanogpt ckpt.pt --out models/nanogpt/1
+
+Each subcommand's --help lists its options. Exit status 0 with one line naming the
+version written; 2 with one line for a mistake in the options or a source that cannot
+be imported (nothing written); 1 with one line naming a log file for an internal error.
+"""
+
 _parser = build_parser  # the parser the deploy tests check manifests' args with
 
 # Llama 3's pre-tokenizer regex (its tiktoken-format tokenizer.model uses this split).
@@ -138,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status: 0, 2 with one line for a usage error or
     a source that cannot be imported, 1 with one line and a log file for an internal
     error."""
-    args = parse(argv, __doc__ or "")
+    args = parse(argv, _DESCRIPTION)
     try:
         return _run(args)
     except ImporterError as e:

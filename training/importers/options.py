@@ -97,7 +97,7 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
     combinations and paths by ``parse``)."""
     p = _OneLineParser(prog="python -m training.importers", description=description,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {"hf": "a Hugging Face model directory (config.json + safetensors), any "
                    "supported model_type",
              "hf-gpt2": "alias of hf for model_type gpt2 (GPT-2 ranks if no tokenizer.json)",
@@ -109,28 +109,42 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
             s.add_argument("ckpt", type=Path, metavar="CKPT", help=RULES["ckpt"])
         else:
             s.add_argument("dir", type=Path, metavar="DIR", help=RULES["dir"])
-        s.add_argument("--out", type=_version_dir,
-                       help="models/<name>/<version>, a new version (required to write); "
-                            "missing directories above it are created")
+        s.add_argument("--out", type=_version_dir, metavar="MODELS/NAME/VERSION",
+                       help="the version to write: a version that does not exist yet (a "
+                            "positive integer without leading zeros) under the model's "
+                            "directory; missing directories above it are created. Required "
+                            "unless --name-map-check")
         s.add_argument("--dtype", choices=["keep", *DTYPES], default=None,
-                       help="storage dtype (default: keep the source's)")
+                       help="storage dtype of the tables (default: keep the source's); not "
+                            "with --name-map-check")
         s.add_argument("--name-map-check", action="store_true",
                        help="resolve names and check shapes, print the map, write nothing")
-        s.add_argument("--tokenizer", type=Path,
-                       help=".tiktoken ranks file (default: DIR/tokenizer.json)")
         if name == "nanogpt":
+            s.add_argument("--tokenizer", type=Path, metavar="FILE.tiktoken",
+                           help="a tiktoken ranks file (default: GPT-2's ranks)")
             continue
+        s.add_argument("--tokenizer", type=Path, metavar="FILE.tiktoken",
+                       help="a tiktoken ranks file, instead of DIR's own tokenizer.json or "
+                            "tokenizer.model (default: those; without them, ids-only"
+                            + (", or GPT-2's ranks for hf-gpt2" if name == "hf-gpt2" else "")
+                            + ")")
         s.add_argument("--no-tokenizer", action="store_true",
-                       help="import ids-only even when DIR has a tokenizer.json")
-        s.add_argument("--max-seq-len", type=_positive_int,
-                       help="context length where config.json states none under any name "
-                            "families use (BLOOM); families without a position table only")
-        s.add_argument("--pat-str", type=_pat_str,
-                       help="pre-tokenizer regex of a --tokenizer .tiktoken")
-        s.add_argument("--special-tokens",
-                       help="JSON object (or file) of name -> id, of a --tokenizer .tiktoken")
-        s.add_argument("--encoding", type=_encoding,
-                       help="encoding name of a --tokenizer .tiktoken")
+                       help="import ids-only even when DIR has a tokenizer.json or "
+                            "tokenizer.model")
+        s.add_argument("--max-seq-len", type=_positive_int, metavar="N",
+                       help=f"context length, an integer from 1 to {_MAX_SEQ_LEN}: for a "
+                            "family without a position table whose config.json states none "
+                            "(BLOOM); it may override the config's; refused for learned "
+                            "position tables (their row count is the limit)")
+        s.add_argument("--pat-str", type=_pat_str, metavar="REGEX",
+                       help="the --tokenizer file's pre-tokenizer regular expression "
+                            "(default: GPT-2's for gpt2, Llama 3's otherwise)")
+        s.add_argument("--special-tokens", metavar="JSON",
+                       help="the --tokenizer file's special tokens: a JSON object of token "
+                            "-> id (id >= 0), or a file holding one")
+        s.add_argument("--encoding", type=_encoding, metavar="NAME",
+                       help="the --tokenizer file's encoding name: letters, digits, '_', '-' "
+                            "or '.' (default: gpt2 for gpt2, llama3 otherwise)")
         s.add_argument("--discover", action="store_true",
                        help="find the rule by running the family's transformers code even "
                             "for a hand-written family, and refuse unless both agree "
