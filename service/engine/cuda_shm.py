@@ -28,7 +28,6 @@ the mapping is closed (``cuIpcCloseMemHandle``) after it.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +37,8 @@ import torch
 
 from service.engine.cuda_ipc import HANDLE_BYTES, open_handle
 from service.engine.cuda_plan import CudaPlan
-from service.engine.shm import Caller, SharedMemoryRegistry, is_local_peer
+from service.engine.regions import Caller, RegionTable, check_name
+from service.engine.shm import SharedMemoryRegistry
 from service.engine.shm_region import short
 from service.errors import (
     AlreadyExists,
@@ -46,12 +46,10 @@ from service.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
-    ResourceExhausted,
 )
 
 __all__ = ["CudaRegion", "CudaSharedMemoryRegistry", "DeviceMemory", "parse_handle"]
 
-MAX_NAME_CHARS = 128  # as the host registry's
 MAX_DEVICE_ID = 1 << 16  # far past any node's GPU count: a bigger id is a malformed request
 
 
@@ -97,25 +95,23 @@ def parse_handle(raw: bytes, device_id: int, byte_size: int, name: str) -> bytes
     return bytes(raw)
 
 
-class CudaSharedMemoryRegistry:
+class CudaSharedMemoryRegistry(RegionTable[CudaRegion]):
     """Registered CUDA regions by (owner, name); used from the event loop and the compute
     thread. ``device`` is where the tables are; ``opener`` opens a handle (the CUDA driver's
     IPC, ``cuda_ipc.open_handle``)."""
 
+    kind = "CUDA "
+
     def __init__(self, device: torch.device, host: SharedMemoryRegistry | None = None,
                  allow_remote: bool = False, max_per_identity: int = 16,
                  max_regions: int = 1024, opener: Opener = open_handle) -> None:
+        super().__init__(allow_remote, max_per_identity, max_regions)
         self.device = device
         self.host = host
-        self.allow_remote = allow_remote
-        self.max_per_identity = max_per_identity
-        self.max_regions = max_regions
         self._open = opener
-        self._regions: dict[tuple[str, str], CudaRegion] = {}
         # handle -> its opened memory while anything holds it (a region, a request in flight)
         self._opened: weakref.WeakValueDictionary[bytes, DeviceMemory] = \
             weakref.WeakValueDictionary()
-        self._lock = threading.Lock()
 
     def check_device(self) -> None:
         """FAILED_PRECONDITION unless the tables are on a GPU."""
@@ -123,23 +119,15 @@ class CudaSharedMemoryRegistry:
             raise FailedPrecondition(f"this server's tables are on {self.device}; CUDA shared "
                                      f"memory needs --device cuda")
 
-    def check_peer(self, caller: Caller) -> None:
-        """PERMISSION_DENIED for a non-local peer unless remote use is allowed."""
-        if not self.allow_remote and not is_local_peer(caller.peer):
-            raise PermissionDenied(
-                "shared-memory calls are served to local peers only (loopback or a Unix "
-                "socket); this peer is not local (the server's --shm-allow-remote enables "
-                "them)")
-
     def register(self, caller: Caller, name: str, raw_handle: bytes, device_id: int,
                  byte_size: int) -> CudaRegion:
         """Open ``raw_handle`` on GPU ``device_id`` as region ``name`` of the caller."""
         self.check_peer(caller)
-        _check_name(name)
+        check_name(name)
         handle = parse_handle(raw_handle, device_id, byte_size, name)
         self.check_device()
         with self._lock:
-            self._check_room(caller, name)
+            self._check_room(caller.identity, name, self._host_has(caller, name))
             memory = self._opened.get(handle)
             owners = {r.owner for r in self._regions.values() if r.handle == handle}
         if owners - {caller.identity}:
@@ -153,24 +141,10 @@ class CudaSharedMemoryRegistry:
         region = CudaRegion(name, device_id, byte_size, caller.identity, handle, memory,
                             memory.tensor()[:byte_size])
         with self._lock:
-            self._check_room(caller, name)  # again: another call may have won meanwhile
+            self._check_room(caller.identity, name, self._host_has(caller, name))  # again
             self._opened[handle] = memory
             self._regions[(caller.identity, name)] = region
         return region
-
-    def _check_room(self, caller: Caller, name: str) -> None:
-        owner = caller.identity
-        if (owner, name) in self._regions or self._host_has(caller, name):
-            raise AlreadyExists(f"region {short(name)} is already registered; unregister it "
-                                f"first")
-        mine = sum(1 for o, _ in self._regions if o == owner)
-        if mine >= self.max_per_identity:
-            raise ResourceExhausted(f"{mine} CUDA regions registered by this client: "
-                                    f"max_shm_regions_per_identity={self.max_per_identity}; "
-                                    f"unregister one first")
-        if len(self._regions) >= self.max_regions:
-            raise ResourceExhausted(f"{len(self._regions)} CUDA regions registered: "
-                                    f"max_shm_regions={self.max_regions}; retry later")
 
     def check_free(self, caller: Caller, name: str) -> None:
         """ALREADY_EXISTS when ``name`` is one of the caller's CUDA regions: the fronts ask
@@ -188,66 +162,17 @@ class CudaSharedMemoryRegistry:
             return False
         return True
 
-    def owns(self, caller: Caller, name: str) -> bool:
-        """Whether ``name`` is one of the caller's CUDA regions (an OIP output names a
-        region of either kind by its name alone)."""
-        return bool(name) and (caller.identity, name) in self._regions
-
-    def unregister(self, caller: Caller, name: str) -> None:
-        """Forget one of the caller's regions ("" = every one of the caller's own);
-        requests in flight keep theirs until they finish."""
-        self.check_peer(caller)
-        with self._lock:
-            if not name:
-                for key in [k for k in self._regions if k[0] == caller.identity]:
-                    del self._regions[key]
-            elif self._regions.pop((caller.identity, name), None) is None:
-                raise NotFound(f"CUDA region {short(name)} is not registered")
-
-    def regions(self, caller: Caller, name: str = "") -> list[CudaRegion]:
-        """The caller's registered regions, or the one named."""
-        self.check_peer(caller)
-        with self._lock:
-            if not name:
-                return [r for (owner, _), r in sorted(self._regions.items())
-                        if owner == caller.identity]
-            region = self._regions.get((caller.identity, name))
-        if region is None:
-            raise NotFound(f"CUDA region {short(name)} is not registered")
-        return [region]
-
     def plan(self, caller: Caller, name: str, offset: int, shape: tuple[int, ...],
              dtype: torch.dtype, field: str, byte_size: int | None = None) -> CudaPlan:
         """Where ``shape`` rows of ``dtype`` go: ``offset`` bytes into the caller's CUDA
         region ``name``, within it and within ``byte_size`` (the request's own bound);
         every refusal before any work."""
         self.check_device()
-        if not name:
-            raise InvalidArgument(f"{field}.region is empty: name a registered region")
-        (region,) = self.regions(caller, name)
-        nbytes = dtype.itemsize
-        for n in shape:
-            nbytes *= n
-        limit, what = region.byte_size - offset, \
-            f"CUDA region {short(name)} has {region.byte_size} bytes"
-        if byte_size is not None and byte_size < limit:
-            limit, what = byte_size, f"the request allows {byte_size} bytes"
-        if offset < 0 or nbytes > limit:
-            row = nbytes // max(1, shape[-2]) if len(shape) >= 2 else nbytes
-            raise InvalidArgument(
-                f"{field}: the output needs {nbytes} bytes at offset {offset} but {what}; "
-                f"the largest T that fits is {max(0, limit) // max(1, row)}")
+        region, _ = self._fitting(caller, name, offset, shape, dtype.itemsize, field,
+                                  byte_size)
         if offset % dtype.itemsize:
             raise InvalidArgument(
                 f"{field}: offset {offset} is not a multiple of {dtype.itemsize}, the size of "
                 f"one {str(dtype).removeprefix('torch.')} element; the device stores whole "
                 f"elements into a CUDA region")
         return CudaPlan(region.data, offset, shape, dtype, region)
-
-
-def _check_name(name: str) -> None:
-    if not name:
-        raise InvalidArgument("region name is empty")
-    if len(name) > MAX_NAME_CHARS or not name.isprintable():
-        raise InvalidArgument(f"region name {short(name)} must be printable and at most "
-                              f"{MAX_NAME_CHARS} characters")

@@ -32,9 +32,10 @@ from service.engine.budgets import Hold
 from service.engine.cuda_plan import CudaPlan
 from service.engine.cuda_shm import CudaSharedMemoryRegistry
 from service.engine.loading import LoadedModel
+from service.engine.regions import Caller
 from service.engine.replies import Reply
 from service.engine.repository import Repository
-from service.engine.shm import Caller, SharedMemoryRegistry
+from service.engine.shm import SharedMemoryRegistry
 from service.engine.shm_plan import ShmPlan
 from service.engine.validation import Limits, check_ids, check_text
 from service.metrics import Metrics

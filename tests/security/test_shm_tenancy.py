@@ -16,7 +16,7 @@ import pytest
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
-from service.engine.shm import is_local_peer
+from service.engine.regions import is_local_peer
 from service.local import ServerHandle
 from tests.security.shm_helpers import (
     DIM,
