@@ -22,6 +22,7 @@ region's are written there by the device).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
@@ -154,12 +155,8 @@ class OipFront:
             self, request: oip.SystemSharedMemoryStatusRequest,
             call: Call) -> oip.SystemSharedMemoryStatusResponse:
         """The caller's registered regions (or the one named)."""
-        response = oip.SystemSharedMemoryStatusResponse()
-        status = oip.SystemSharedMemoryStatusResponse.RegionStatus
-        for r in self.engine.shm.regions(call, request.name):
-            response.regions[r.name].CopyFrom(status(name=r.name, key=r.key, offset=r.offset,
-                                                     byte_size=r.byte_size))
-        return response
+        return _status(oip.SystemSharedMemoryStatusResponse(),
+                       self.engine.shm.regions(call, request.name), ("key", "offset"))
 
     # -- CUDA shared memory (Triton's CUDA shared-memory extension) ----------------------
 
@@ -182,12 +179,18 @@ class OipFront:
             self, request: oip.CudaSharedMemoryStatusRequest,
             call: Call) -> oip.CudaSharedMemoryStatusResponse:
         """The caller's registered CUDA regions (or the one named)."""
-        response = oip.CudaSharedMemoryStatusResponse()
-        status = oip.CudaSharedMemoryStatusResponse.RegionStatus
-        for r in self.engine.cuda_shm.regions(call, request.name):
-            response.regions[r.name].CopyFrom(status(name=r.name, device_id=r.device_id,
-                                                     byte_size=r.byte_size))
-        return response
+        return _status(oip.CudaSharedMemoryStatusResponse(),
+                       self.engine.cuda_shm.regions(call, request.name), ("device_id",))
+
+
+def _status(response: Any, regions: Sequence[Any], fields: tuple[str, ...]) -> Any:
+    """A shared-memory status response (host or CUDA): each region by name, with its
+    ``fields`` and size."""
+    status = type(response).RegionStatus
+    for r in regions:
+        response.regions[r.name].CopyFrom(status(
+            name=r.name, byte_size=r.byte_size, **{f: getattr(r, f) for f in fields}))
+    return response
 
 
 def _labels(rpc: str, request: Any) -> tuple[str, str]:
