@@ -93,6 +93,10 @@ async def read_body(request: web.BaseRequest, limit: int,
     seconds = BODY_SECONDS if deadline is None else min(BODY_SECONDS,
                                                         deadline - time.monotonic())
     try:
+        if length is not None and request.content.is_eof():
+            # All of it has arrived (a small body comes with its headers): nothing to wait
+            # for, so no timer is armed.
+            return await request.content.readexactly(length) if length else b""
         async with asyncio.timeout(max(seconds, 0.0)):
             if length is not None:  # readexactly gathers the blocks and joins them once
                 return await request.content.readexactly(length) if length else b""
