@@ -142,7 +142,7 @@ def test_bad_usage_exits_2_with_one_line() -> None:
     proc = embedctl("embed", "--ids", "1,x")
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (
-        "embedctl embed: error: argument --ids: item 2 of the token ids, 'x', is not an "
+        "embedctl: error: argument --ids: item 2 of the token ids, 'x', is not an "
         "integer: give integers separated by commas, e.g. 1,2,3 (see --help)\n")
 
 

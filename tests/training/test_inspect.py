@@ -176,13 +176,12 @@ def test_module_entry_point(repo: Path) -> None:
 
 def test_every_option_refuses_what_cannot_work(repo: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    top, sub = "python -m training.inspect: error: ", "python -m training.inspect {}: error: "
+    top = "python -m training.inspect: error: "  # a subcommand's mistake too
     name = "a model name: letters, digits, '.', '_' or '-', starting with a letter or digit"
     figure = "a file path ending in .png, .svg or .pdf"
 
     def bad(command: str, option: str, value: str, accepts: str) -> str:
-        prefix = sub.format(command) if command else top
-        return f"{prefix}argument {option}: must be {accepts}, got {value!r} (see --help)"
+        return f"{top}argument {option}: must be {accepts}, got {value!r} (see --help)"
 
     walk(_parser(), {
         "model_repository": [
