@@ -162,7 +162,7 @@ def test_importer_names_the_file_with_bad_json(tmp_path: Path, name: str,
         path.write_text(content)
     out = tmp_path / "models" / "m" / "1"
     line = refusal("training.importers", "hf", str(src), "--out", str(out), cwd=tmp_path)
-    assert line.startswith(f"error: {path}: {expected}"), line
+    assert line.startswith(f"python -m training.importers: error: {path}: {expected}"), line
 
 
 def _tiny_safetensors(src: Path) -> None:
