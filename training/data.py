@@ -199,8 +199,8 @@ def _tokenize_to(out: Path, sources: Sequence[Path], tokenizer: Tokenizer,
     dtype = token_dtype(tokenizer.n_vocab)
     eot = tokenizer.encode(ENDOFTEXT, allow_special_tokens=True)
     workers = len(os.sched_getaffinity(0))
-    bar = progress_bar("tokenize", unit="tok", unit_scale=True, disable=not progress)
-    with out.open("wb") as f, ThreadPoolExecutor(workers) as pool:
+    with (progress_bar("tokenize", unit="tok", unit_scale=True, disable=not progress) as bar,
+          out.open("wb") as f, ThreadPoolExecutor(workers) as pool):
         pending: deque[Future[np.ndarray]] = deque()
 
         def write_oldest() -> None:
@@ -216,7 +216,6 @@ def _tokenize_to(out: Path, sources: Sequence[Path], tokenizer: Tokenizer,
             write_oldest()
         f.flush()
         os.fsync(f.fileno())
-    bar.close()
 
 
 def load_tokens(patterns: Sequence[str], tokenizer: Tokenizer, cache_dir: Path,
