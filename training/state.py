@@ -59,8 +59,13 @@ def save_state(path: Path, state: TrainerState) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        # A failed write (a full disk) is the machine's answer, named for the file it was
+        # for; torch.save's zip writer hides it behind a RuntimeError of its own.
+        failed = e.__context__ if isinstance(e, RuntimeError) else e
+        if isinstance(failed, OSError) and not failed.filename:
+            raise OSError(failed.errno, failed.strerror, str(path)) from None
         raise
 
 
