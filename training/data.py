@@ -205,7 +205,7 @@ def _tokenize_to(out: Path, sources: Sequence[Path], tokenizer: Tokenizer,
 
         def write_oldest() -> None:
             ids = pending.popleft().result()
-            ids.tofile(f)
+            f.write(ids.data)  # an OSError with its errno (tofile's has none)
             bar.update(ids.size)
 
         for job in _jobs(sources):
@@ -238,6 +238,12 @@ def load_tokens(patterns: Sequence[str], tokenizer: Tokenizer, cache_dir: Path,
                 os.rename(tmp, shard_dir)
             except OSError:  # another process finished the same shard first
                 shutil.rmtree(tmp, ignore_errors=True)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if e.filename:
+                raise
+            # a failed write (a full disk): named for the shard it was for
+            raise OSError(e.errno, e.strerror or str(e), str(shard)) from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

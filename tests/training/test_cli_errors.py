@@ -5,6 +5,7 @@ traceback."""
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -229,3 +230,14 @@ def test_a_full_disk_during_training_is_one_line_after_the_bar(tmp_path: Path) -
     assert "val=-" in lines[-2]  # no evaluation yet: not 'val=nan'
     assert not state.exists()
     assert list(state.parent.iterdir()) == []  # its temporary file removed
+
+
+def test_a_full_disk_while_tokenizing_names_the_token_shard(tmp_path: Path) -> None:
+    """Before: 'python -m training: 4001 requested and 1000 written' (numpy's tofile)."""
+    (tmp_path / "c.txt").write_text(corpus_text())
+    proc = _with_bars(tmp_path, "--data", "c.txt", file_limit=2000)
+    assert proc.returncode == 1, proc.stderr
+    line = proc.stderr.splitlines()[-1]
+    assert re.fullmatch(rf"python -m training: {re.escape(str(tmp_path / 'cache'))}/"
+                        r"[0-9a-f]{64}/tokens\.bin: File too large", line), line
+    assert list((tmp_path / "cache").iterdir()) == []  # the half-written shard removed
