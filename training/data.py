@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from client.files import usual_mode
 from service.format.tokenizer import ENDOFTEXT, Tokenizer
 from training.errors import UsageError
 from training.progress import progress_bar
@@ -229,6 +230,7 @@ def load_tokens(patterns: Sequence[str], tokenizer: Tokenizer, cache_dir: Path,
     if not reused:
         shard_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.tmp-", dir=shard_dir.parent))
+        os.chmod(tmp, usual_mode(directory=True))  # renamed into place: not mkdtemp's 0700
         try:
             _tokenize_to(tmp / "tokens.bin", sources, tokenizer, progress)
             meta = {"dtype": token_dtype(tokenizer.n_vocab).name,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -159,6 +161,20 @@ def test_out_file_that_cannot_be_written_is_one_line(server: ServerHandle,
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == (f"embedctl: cannot write {tmp_path / 'ro' / 'x.npy'}: "
                            f"Permission denied\n")
+
+
+def test_out_file_gets_the_usual_mode(server: ServerHandle, tmp_path: Path) -> None:
+    """0666 less the umask, as np.save or any program writing a file gives (it was
+    mkstemp's 0600 whatever the umask)."""
+    for mask, mode in ((0o022, 0o644), (0o002, 0o664), (0o077, 0o600)):
+        out = tmp_path / f"x{mask:o}.npy"
+        proc = subprocess.run(
+            [sys.executable, "-m", "client.cli", "--target", server.target, "embed", "hello",
+             "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+            check=False, preexec_fn=functools.partial(os.umask, mask))
+        assert (proc.returncode, proc.stderr) == (0, "")
+        assert stat.S_IMODE(out.stat().st_mode) == mode, f"umask {mask:o}"
+        assert np.load(out).shape == (1, 16)
 
 
 def test_embed_through_shared_memory(server: ServerHandle, reference, tmp_path: Path) -> None:
