@@ -17,6 +17,7 @@ from client import EmbeddingClient
 from client.cli import main
 from service.format.checkpoint import Checkpoint, read_checkpoint
 from service.local import ServerHandle
+from tests.tiny_model import start
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO_WORLD = [31373, 995]
@@ -175,6 +176,27 @@ def test_out_file_gets_the_usual_mode(server: ServerHandle, tmp_path: Path) -> N
         assert (proc.returncode, proc.stderr) == (0, "")
         assert stat.S_IMODE(out.stat().st_mode) == mode, f"umask {mask:o}"
         assert np.load(out).shape == (1, 16)
+
+
+def test_a_shared_memory_region_too_small_names_the_bytes_needed(server: ServerHandle) -> None:
+    proc = embedctl("--target", server.target, "embed", "hello world", "--shm",
+                    "--shm-bytes", "100")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert re.fullmatch(
+        r"embedctl: INVALID_ARGUMENT: output: the output needs 128 bytes at offset 0 but "
+        r"region 'embedctl-\d+' has 100 bytes; the largest T that fits is 1: this request "
+        r"needs --shm-bytes 128 or more \(it had 100\)\n", proc.stderr), proc.stderr
+
+
+def test_models_on_an_empty_server_says_so(tmp_path: Path) -> None:
+    empty = start(tmp_path)
+    try:
+        proc = embedctl("--target", empty.target, "models")
+    finally:
+        empty.stop()
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout == ("no model is loaded: the server's model repository has no valid "
+                           "version yet\n")
 
 
 def test_embed_through_shared_memory(server: ServerHandle, reference, tmp_path: Path) -> None:
