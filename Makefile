@@ -16,7 +16,7 @@ setup-runtime:   ## runtime environment only
 model: setup-runtime  ## train the embedded default model if models/ has none
 	@$(PY) -m training.default_model --model-repository models
 
-run: model       ## serve models/ on 127.0.0.1:50051, metrics on :9464
+run: model       ## serve models/ on 127.0.0.1: gRPC :50051, HTTP :8000 (REST, the page), metrics :9464
 	@scripts/serve.sh --model-repository models --host 127.0.0.1 --grpc-port 50051 --metrics-port 9464
 
 test: setup      ## test tools (promtool, chromium, k8s validators; no network once there), then the whole suite
@@ -43,7 +43,7 @@ proto: setup     ## regenerate genproto from proto/
 proto-check: setup
 	@$(PY) scripts/gen_proto.py --check
 
-bench: setup     ## the suites: serving, scaling, overload, memory; one target block (bench/results/)
+bench: setup     ## the suites: serving, scaling, overload, memory, profile; one target block (bench/results/)
 	@$(PY) -m bench
 
 profile: setup   ## where a T=16 request's server CPU goes, by stage, per wire (py-spy; bench/results/)

@@ -24,6 +24,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import argparse
 import dataclasses
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
@@ -130,7 +131,10 @@ def _info(client: EmbeddingClient, args: argparse.Namespace) -> None:
 
 
 def _models(client: EmbeddingClient, args: argparse.Namespace) -> None:
-    for m in client.list_models():
+    models = client.list_models()
+    if not models:  # a server on an empty (or still filling) repository
+        print("no model is loaded: the server's model repository has no valid version yet")
+    for m in models:
         print(f"{m.model}  v{m.version}{'  default' if m.is_default else ''}  "
               f"C={m.dim}  vocab_size={m.vocab_size}  max_seq_len={m.max_seq_len}  "
               f"position={m.position}  checkpoint {m.checkpoint_id[:12]}")
@@ -277,6 +281,11 @@ def parse_args(argv: Sequence[str] | None = None,
     return args
 
 
+# The server's refusal of an output that does not fit a shared-memory region names the
+# bytes the output needs (service/engine/shm.py).
+_SHM_NEEDS = re.compile(r"the output needs (\d+) bytes at offset 0 ")
+
+
 def _failure(err: EmbeddingError, args: argparse.Namespace) -> str:
     """The one line for a failed call: the server's answer, or why there was none."""
     if err.unreachable:
@@ -293,6 +302,10 @@ def _failure(err: EmbeddingError, args: argparse.Namespace) -> str:
                        if args.token else
                        ": the server wants a bearer token; pass it with --token (or "
                        "$EMBED_TOKEN)")
+    needs = _SHM_NEEDS.search(err.details) if args.command == "embed" and args.shm else None
+    if err.code == grpc.StatusCode.INVALID_ARGUMENT and needs is not None:
+        return line + (f": this request needs --shm-bytes {needs.group(1)} or more (it had "
+                       f"{args.shm_bytes})")
     if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return line + (f": no answer within {args.timeout:g} s; raise --timeout, or check "
                        f"that --target is the service's gRPC port")

@@ -6,14 +6,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from client.codec import Embedding
+from client.files import write_atomically
 
 __all__ = ["PREVIEW_COLS", "PREVIEW_ROWS", "format_embedding", "save_array", "token_text"]
 
@@ -59,13 +57,6 @@ def format_embedding(e: Embedding) -> list[str]:
 def save_array(path: Path, array: np.ndarray) -> None:
     """``array`` in .npy format at exactly ``path`` (np.save given a name appends .npy to
     one without it; given a file it writes where told), through a temporary file in the
-    same directory renamed into place: a failed write leaves no partial file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    same directory renamed into place (a failed write leaves no partial file), with the
+    mode any new file gets (0666 less the umask)."""
+    write_atomically(path, lambda f: np.save(f, array))

@@ -31,7 +31,7 @@ import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from client.rules import (
     DEVICE,
@@ -125,10 +125,41 @@ def one_of(first: str, second: str, names: tuple[str, str] | None = None) -> Rel
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a mistake is one line on stderr and exit status 2 (no usage block)."""
+    """argparse, but a mistake is one line on stderr and exit status 2 (no usage block),
+    prefixed with the command's own name: a subcommand's mistake too (``embedctl: error:``,
+    never ``embedctl embed: error:``), so each tool has one prefix for all its refusals."""
+
+    def __init__(self, *args: Any, error_prog: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.error_prog = error_prog or self.prog
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("action", _Subcommands)
+        action = super().add_subparsers(**kwargs)
+        if isinstance(action, _Subcommands):
+            action.error_prog = self.error_prog
+        return action
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.error_prog}: error: {message} (see --help)\n")
+
+
+if TYPE_CHECKING:
+    _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+else:  # not subscriptable at run time
+    _SubParsers = argparse._SubParsersAction
+
+
+class _Subcommands(_SubParsers):
+    """Subcommand parsers that refuse in their tool's name (``OneLineParser.error_prog``)."""
+
+    error_prog = ""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser = super().add_parser(name, **kwargs)
+        if isinstance(parser, OneLineParser):
+            parser.error_prog = self.error_prog
+        return parser
 
 
 def actions(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
@@ -235,9 +266,10 @@ def parse(parser: argparse.ArgumentParser, rules: Mapping[str, Rule],
     return args
 
 
-def internal_error(prog: str, error: BaseException) -> int:
+def internal_error(prog: str, error: BaseException, note: str = "") -> int:
     """A bug, not a mistake of the user's: the traceback goes to a log file, and one line
-    on stderr names it. Returns exit status 70 (EX_SOFTWARE)."""
+    on stderr names it (after ``note``, e.g. "nothing written", when given). Returns exit
+    status 70 (EX_SOFTWARE)."""
     detail = "".join(traceback.format_exception(error))
     slug = re.sub(r"[^A-Za-z0-9]+", "-", prog).strip("-") or "command"
     try:
@@ -248,6 +280,7 @@ def internal_error(prog: str, error: BaseException) -> int:
         print(f"{prog}: internal error ({type(error).__name__}); please report it:\n{detail}",
               file=sys.stderr, end="")
         return 70
-    print(f"{prog}: internal error ({type(error).__name__}); please report it with the log "
-          f"{path}", file=sys.stderr)
+    said = f"{note}; " if note else ""
+    print(f"{prog}: internal error ({type(error).__name__}); {said}please report it with the "
+          f"log {path}", file=sys.stderr)
     return 70

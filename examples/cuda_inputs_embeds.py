@@ -33,16 +33,33 @@ from typing import Any
 
 import torch
 
-from client import EmbeddingClient, EmbeddingError
+from client import EmbeddingClient, EmbeddingError, flags
 from client.cuda_shm import CudaSharedMemoryRegion
 
 try:  # imported as examples.cuda_inputs_embeds
-    from examples.hf_inputs_embeds import HFInputs, build_hf_gpt2, import_hf_gpt2
+    from examples.hf_inputs_embeds import (
+        RELATIONS,
+        RULES,
+        HFInputs,
+        build_hf_gpt2,
+        import_hf_gpt2,
+        load_hf_gpt2,
+    )
 except ImportError:  # run as a script: its sibling file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from hf_inputs_embeds import HFInputs, build_hf_gpt2, import_hf_gpt2  # type: ignore[no-redef]
+    from hf_inputs_embeds import (  # type: ignore[no-redef]
+        RELATIONS,
+        RULES,
+        HFInputs,
+        build_hf_gpt2,
+        import_hf_gpt2,
+        load_hf_gpt2,
+    )
 
-__all__ = ["fetch_inputs_on_gpu", "main", "serve_on_gpu"]
+__all__ = ["RELATIONS", "RULES", "ServerDidNotStart", "build_parser", "fetch_inputs_on_gpu",
+           "main", "parse_args", "serve_on_gpu"]
+
+PROG = "python examples/cuda_inputs_embeds.py"
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,6 +76,10 @@ def fetch_inputs_on_gpu(client: EmbeddingClient, region: CudaSharedMemoryRegion,
     position_ids = torch.arange(e.start_position, e.start_position + T,
                                 device=device).unsqueeze(0)  # (1, T)
     return HFInputs(torch.tensor([e.token_ids], device=device), inputs_embeds, position_ids)
+
+
+class ServerDidNotStart(Exception):
+    """The child ``python -m service --device cuda`` exited or did not answer in time."""
 
 
 @contextlib.contextmanager
@@ -86,8 +107,9 @@ def serve_on_gpu(repository: Path, model: str, timeout_s: float = 120.0) -> Iter
                     break
                 except EmbeddingError:
                     if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"the server did not start (exit code "
-                                           f"{proc.poll()})") from None
+                        raise ServerDidNotStart(
+                            f"the local GPU server did not start (exit code {proc.poll()}): "
+                            f"python -m service --device cuda on this machine says why") from None
                     time.sleep(0.2)
         yield target
     finally:
@@ -126,40 +148,73 @@ def _report(model: Any, client: EmbeddingClient, text: str, name: str, start: in
     return in_place and exact_rows and same
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the comparison on the GPU; exit status 0 when rows and logits are bit-identical."""
-    parser = argparse.ArgumentParser(
-        prog="python examples/cuda_inputs_embeds.py",
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, each option checked by its rule in RULES (the same options and
+    rules as examples/hf_inputs_embeds.py)."""
+    parser = flags.OneLineParser(
+        prog=PROG,
         description="Embedding-service rows written into this process's GPU memory as HF "
-                    "GPT-2 inputs_embeds: same logits as input_ids, bit for bit (float32).")
+                    "GPT-2 inputs_embeds: same logits as input_ids, bit for bit (float32). "
+                    "Without --target: a random GPT-2 built, imported and served by a GPU "
+                    "server started here, offline.")
     parser.add_argument("--text", default="Input embeddings are what the first block reads.",
                         help="the text to embed (default: a sentence of its own)")
-    parser.add_argument("--start-position", type=int, default=7, metavar="P",
-                        help="position of the first token, >= 0 (sent as start_position and "
-                             "as HF position_ids; default 7)")
+    parser.add_argument("--start-position", default=7, metavar="P",
+                        help="position of the first token, 0..2^32-1 (sent as start_position "
+                             "and as HF position_ids; default 7)")
     parser.add_argument("--target", metavar="HOST:PORT",
                         help="a running service on this node with its tables on a GPU; "
                              "default: build a random model and serve it here")
-    parser.add_argument("--hf-dir", type=Path, metavar="DIR",
+    parser.add_argument("--hf-dir", metavar="DIR",
                         help="with --target: the saved HF GPT-2 whose tables it serves")
     parser.add_argument("--model", default="hf-gpt2",
                         help="model name in the repository (default hf-gpt2)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="random init of the local model (default 0)")
-    args = parser.parse_args(argv)
-    try:
-        import transformers
-    except ImportError:
-        parser.exit(2, f"{parser.prog}: needs transformers, which `make setup` installs; in "
-                       f"the `make run` environment: .venv/bin/pip install transformers==5.24.0\n")
-    if not torch.cuda.is_available():
-        parser.exit(2, f"{parser.prog}: needs a CUDA device (torch sees none here): the rows "
-                       f"go to GPU memory; examples/hf_inputs_embeds.py is the same on CPU\n")
-    if (args.target is None) != (args.hf_dir is None):
-        parser.error("--target and --hf-dir go together")
+    parser.add_argument("--seed", default=0,
+                        help="random init of the local model, 0..2^32-1 (default 0); not "
+                             "with --target")
+    flags.install(parser, RULES)
+    return parser
 
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, checked in full before anything else (the CUDA device included);
+    a mistake exits with status 2 and one line."""
+    return flags.parse(build_parser(), RULES, argv, RELATIONS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison on the GPU; exit status 0 when rows and logits are bit-identical."""
+    args = parse_args(argv)
+    try:
+        import transformers  # noqa: F401  (the HF side of the comparison)
+    except ImportError:
+        print(f"{PROG}: needs transformers, which `make setup` installs; in the `make run` "
+              f"environment: .venv/bin/pip install transformers==5.24.0", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print(f"{PROG}: needs a CUDA device (torch sees none here): the rows go to GPU "
+              f"memory; examples/hf_inputs_embeds.py is the same on CPU", file=sys.stderr)
+        return 2
+    try:
+        return _main(args)
+    except EmbeddingError as e:  # the service's answer, or why there was none
+        print(f"{PROG}: {args.target or 'the local server'}: {e}", file=sys.stderr)
+        return 1
+    except ServerDidNotStart as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug: its traceback to a file, one line here
+        return flags.internal_error(PROG, e)
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.target is not None:
-        model = transformers.GPT2LMHeadModel.from_pretrained(args.hf_dir, local_files_only=True)
+        try:
+            model = load_hf_gpt2(args.hf_dir)
+        except (OSError, ValueError) as e:  # its own words, first line only
+            print(f"{PROG}: error: --hf-dir {args.hf_dir}: not a GPT-2 transformers loads "
+                  f"({str(e).strip().splitlines()[0]})", file=sys.stderr)
+            return 2
         with EmbeddingClient(args.target, timeout=30) as client:
             same = _report(model, client, args.text, args.model, args.start_position)
         return 0 if same else 1

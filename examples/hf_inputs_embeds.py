@@ -38,6 +38,7 @@ __all__ = [
     "build_parser",
     "fetch_inputs",
     "import_hf_gpt2",
+    "load_hf_gpt2",
     "logits_both_ways",
     "main",
     "parse_args",
@@ -97,7 +98,8 @@ def logits_both_ways(model: Any, inputs: HFInputs) -> tuple[torch.Tensor, torch.
     return from_ids, from_embeds
 
 
-def _load_hf(hf_dir: Path) -> Any:
+def load_hf_gpt2(hf_dir: Path) -> Any:
+    """A saved ``GPT2LMHeadModel`` from ``hf_dir``, offline, in eval mode."""
     import transformers
 
     return transformers.GPT2LMHeadModel.from_pretrained(hf_dir, local_files_only=True).eval()
@@ -199,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     if args.target is not None:
         try:
-            model = _load_hf(args.hf_dir)
+            model = load_hf_gpt2(args.hf_dir)
         except (OSError, ValueError) as e:  # its own words, first line only
             print(f"{PROG}: error: --hf-dir {args.hf_dir}: not a GPT-2 transformers loads "
                   f"({str(e).strip().splitlines()[0]})", file=sys.stderr)

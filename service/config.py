@@ -67,8 +67,9 @@ class ServerConfig:
         "auto = cuda when torch sees a GPU, else cpu; or cpu, cuda, cuda:N"))
     table_dtype: str = field(default="stored", metadata=_help(
         "dtype the tables are held in on the device: stored keeps the checkpoint's (a bf16 "
-        "table stays a memory map, widened row by row as gathered), or "
-        f"{', '.join(TABLE_DTYPE_NAMES)}; the position add is always fp32"))
+        "table stays bf16 in memory, half the bytes of float32, and its rows are widened as "
+        f"gathered), or {', '.join(TABLE_DTYPE_NAMES)} (converted at load); the position add "
+        "is always fp32"))
     max_batch_tokens: int = field(default=16384, metadata=_help(
         "token budget of one gather+add: bounds per-batch memory ([tokens, C] floats)"))
     max_batch_delay_us: int = field(default=0, metadata=_help(
@@ -109,10 +110,11 @@ class ServerConfig:
         "tokenizer threads (tiktoken releases the GIL); 0 = one per core"))
     torch_threads: int = field(default=1, metadata=_help(
         "torch intra-op threads for CPU lookups; parallelism comes from batching and gRPC's "
-        "threads (measured: 2 threads on 2 cores halved T=1024 throughput); 0 = torch's default"))
+        "threads, so more threads here compete with them for the cores; 0 = torch's default"))
     workers: int = field(default=1, metadata=_help(
-        "server processes sharing the ports (SO_REUSEPORT), each with its own copy of the "
-        "tables; needs fixed --grpc-port and --http-port"))
+        "server processes sharing the ports (SO_REUSEPORT); the tables present at start are "
+        "read once and every worker maps that one sealed copy (a version loaded later is "
+        "read by each worker); needs fixed --grpc-port and --http-port"))
     # --- request cost and memory bounds (docs/security.md) ---
     max_inputs_per_request: int = field(default=1024, metadata=_help(
         "sequences in one request (EmbedBatch inputs, OIP B), refused from the count alone, "

@@ -182,9 +182,10 @@ class EmbeddingServer:
             self._poller = asyncio.get_running_loop().create_task(self._poll())
         models = ", ".join(f"{m.name}/{m.version} ({m.checkpoint_id[:12]})"
                            for m in self.repo.models.values()) or "none yet"
-        log.info("serving %s on %s:%d (http :%d, metrics :%d, device %s, default model %r)",
-                 models, c.host, self.grpc_port, self.http_port, self.metrics_port,
-                 self.device, self.repo.default_model)
+        http = f"http :{self.http_port}" if self.http is not None else "http off"
+        metrics = f"metrics :{self.metrics_port}" if c.metrics_port >= 0 else "metrics off"
+        log.info("serving %s on %s:%d (%s, %s, device %s, default model %r)", models, c.host,
+                 self.grpc_port, http, metrics, self.device, self.repo.default_model)
 
     async def _listen(self) -> None:
         """Bind the HTTP and metrics ports; StartupError naming the flag when one is taken."""

@@ -36,3 +36,31 @@ def test_the_check_finds_a_phony_name_without_a_rule() -> None:
     phony, rules = phony_and_rules(text)
     assert phony == {"a", "b", "c"}
     assert phony - rules == {"c"}
+
+
+def _comment(target: str) -> str:
+    """The ``## ...`` comment on ``target``'s rule line."""
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        if line.startswith(f"{target}:") and "##" in line:
+            return line.split("##", 1)[1].strip()
+    raise AssertionError(f"{target}: no ## comment")
+
+
+def test_run_comment_names_every_port_it_serves() -> None:
+    from service.config import ServerConfig
+
+    http = ServerConfig().http_port  # make run does not set it: the server's default
+    assert _comment("run") == (f"serve models/ on 127.0.0.1: gRPC :50051, HTTP :{http} "
+                               f"(REST, the page), metrics :9464")
+    recipe = (ROOT / "Makefile").read_text().split("\nrun:", 1)[1].split("\n\n", 1)[0]
+    assert "--grpc-port 50051" in recipe
+    assert "--metrics-port 9464" in recipe
+    assert "--http-port" not in recipe
+
+
+def test_bench_comment_names_the_default_suites() -> None:
+    from bench.harness.config import BenchConfig
+
+    names = BenchConfig().suites
+    assert _comment("bench") == (f"the suites: {', '.join(names)}; one target block "
+                                 f"(bench/results/)")

@@ -28,6 +28,7 @@ __all__ = ["ADAMW_IMPLS", "ENV_PREFIX", "HEAD_CHOICES", "TrainConfig", "check_pl
            "compiler_available", "compilers_for", "parse_config"]
 
 ENV_PREFIX = "EMBED_TRAIN_"
+PROG = "python -m training"
 
 
 def compilers_for(device_type: str) -> tuple[str, ...]:
@@ -204,9 +205,9 @@ _METAVARS: dict[Any, str] = {
     "block_precision": "{" + ",".join(HEAD_PRECISIONS) + "}"}
 
 
-def _parser(defaults: TrainConfig) -> argparse.ArgumentParser:
+def _parser(defaults: TrainConfig, prog: str = PROG) -> argparse.ArgumentParser:
     parser = flags.OneLineParser(
-        prog="python -m training",
+        prog=prog,
         description="Train a small GPT and export its tables. Every flag also reads "
                     "EMBED_TRAIN_<FLAG> (booleans 1|0, --data paths separated by ':'); a flag "
                     "given here wins. A mistake in a flag or input is one line and exit "
@@ -228,12 +229,13 @@ def _parser(defaults: TrainConfig) -> argparse.ArgumentParser:
 
 
 def parse_config(argv: Sequence[str] | None = None,
-                 env: Mapping[str, str] | None = None) -> TrainConfig:
+                 env: Mapping[str, str] | None = None, prog: str = PROG) -> TrainConfig:
     """Flags, then EMBED_TRAIN_* environment variables, then the defaults; a mistake exits
-    with status 2 and one line naming the flag or variable."""
+    with status 2 and one line naming the flag or variable, as ``prog`` (the command the
+    user typed: training.default_model passes its own flags on)."""
     env = os.environ if env is None else env
     defaults = TrainConfig()
-    parser = _parser(defaults)
+    parser = _parser(defaults, prog)
     ns = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
     for f in fields(TrainConfig):

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from client.files import usual_mode
 from service.format.tokenizer import ENDOFTEXT, Tokenizer
 from training.errors import UsageError
 from training.progress import progress_bar
@@ -199,13 +200,13 @@ def _tokenize_to(out: Path, sources: Sequence[Path], tokenizer: Tokenizer,
     dtype = token_dtype(tokenizer.n_vocab)
     eot = tokenizer.encode(ENDOFTEXT, allow_special_tokens=True)
     workers = len(os.sched_getaffinity(0))
-    bar = progress_bar("tokenize", unit="tok", unit_scale=True, disable=not progress)
-    with out.open("wb") as f, ThreadPoolExecutor(workers) as pool:
+    with (progress_bar("tokenize", unit="tok", unit_scale=True, disable=not progress) as bar,
+          out.open("wb") as f, ThreadPoolExecutor(workers) as pool):
         pending: deque[Future[np.ndarray]] = deque()
 
         def write_oldest() -> None:
             ids = pending.popleft().result()
-            ids.tofile(f)
+            f.write(ids.data)  # an OSError with its errno (tofile's has none)
             bar.update(ids.size)
 
         for job in _jobs(sources):
@@ -216,7 +217,6 @@ def _tokenize_to(out: Path, sources: Sequence[Path], tokenizer: Tokenizer,
             write_oldest()
         f.flush()
         os.fsync(f.fileno())
-    bar.close()
 
 
 def load_tokens(patterns: Sequence[str], tokenizer: Tokenizer, cache_dir: Path,
@@ -230,6 +230,7 @@ def load_tokens(patterns: Sequence[str], tokenizer: Tokenizer, cache_dir: Path,
     if not reused:
         shard_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.tmp-", dir=shard_dir.parent))
+        os.chmod(tmp, usual_mode(directory=True))  # renamed into place: not mkdtemp's 0700
         try:
             _tokenize_to(tmp / "tokens.bin", sources, tokenizer, progress)
             meta = {"dtype": token_dtype(tokenizer.n_vocab).name,
@@ -239,6 +240,12 @@ def load_tokens(patterns: Sequence[str], tokenizer: Tokenizer, cache_dir: Path,
                 os.rename(tmp, shard_dir)
             except OSError:  # another process finished the same shard first
                 shutil.rmtree(tmp, ignore_errors=True)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if e.filename:
+                raise
+            # a failed write (a full disk): named for the shard it was for
+            raise OSError(e.errno, e.strerror or str(e), str(shard)) from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -66,7 +66,8 @@ def main(argv: Sequence[str] | None = None, reexec: bool = False) -> int:
             parser.error(f"{flag}: set by this command (it exports model 'default' into "
                          f"--model-repository); run python -m training to choose it")
     repository = args.model_repository
-    cfg = parse_config([*rest, "--out-repository", str(repository), "--name", "default"])
+    cfg = parse_config([*rest, "--out-repository", str(repository), "--name", "default"],
+                       prog=PROG)
     refusal = flags.check_places(RULES, vars(args))
     if refusal is not None:
         parser.error(refusal)

@@ -184,6 +184,10 @@ def _cmd_neighbors(model: LoadedModel, args: argparse.Namespace) -> None:
     m, tok = model.checkpoint.manifest, model.tokenizer
     if args.id is not None:
         token_id = args.id
+        if token_id >= m.vocab_size:  # the rule checked >= 0; the limit is the model's
+            padding = " (a padding row, never a token)" if token_id < m.table_rows else ""
+            raise InspectError(f"argument --id: must be a token id below the model's "
+                               f"vocab_size {m.vocab_size}, got {token_id}{padding}")
     else:
         ids = tok.encode(args.word)
         if len(ids) != 1:

@@ -28,6 +28,13 @@ class Progress(Protocol):
     def close(self) -> Any:
         """Finish (the plain printer writes its last line)."""
 
+    def __enter__(self) -> Any:
+        """The bar itself."""
+
+    def __exit__(self, *exc: object) -> Any:
+        """close(): a bar ends its line even when the work in it fails, so a refusal
+        printed next starts a line of its own."""
+
 
 def _scaled(n: float) -> str:
     for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -67,6 +74,12 @@ class TextProgress:
             self._closed = True
             self._write(time.monotonic())
 
+    def __enter__(self) -> TextProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def line(self, now: float) -> str:
         """The line as it would be written at monotonic time ``now``."""
         count = _scaled(self.n) if self.unit_scale else str(self.n)
@@ -85,7 +98,9 @@ class TextProgress:
 
 def progress_bar(desc: str, total: int | None = None, initial: int = 0, unit: str = "it",
                  unit_scale: bool = False, disable: bool = False) -> Progress:
-    """tqdm's bar when tqdm is installed, else a ``TextProgress`` with the same arguments."""
+    """tqdm's bar when tqdm is installed, else a ``TextProgress`` with the same arguments.
+    Use it as ``with progress_bar(...) as bar:``, so the bar is closed (its line ended) when
+    the work fails too: otherwise the error line is glued to the bar's."""
     try:
         from tqdm import tqdm
     except ImportError:  # the runtime environment: tqdm is an extra

@@ -7,14 +7,13 @@ fsync, rename). It holds only tensors, numbers, strings, lists and dicts, so it 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from client.files import write_atomically
 from training.errors import UsageError
 
 __all__ = ["SHAPE_FIELDS", "STATE_FILE", "TrainerState", "check_resumable", "check_same_model",
@@ -50,17 +49,17 @@ def state_path(runs_dir: Path, name: str) -> Path:
 
 
 def save_state(path: Path, state: TrainerState) -> None:
-    """Write atomically: a reader sees the old file or the new one, never half of one."""
+    """Write atomically: a reader sees the old file or the new one, never half of one; the
+    file gets the usual mode (0666 less the umask), not mkstemp's 0600."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(vars(state), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        write_atomically(path, lambda f: torch.save(vars(state), f))
+    except BaseException as e:
+        # A failed write (a full disk) is the machine's answer, named for the file it was
+        # for; torch.save's zip writer hides it behind a RuntimeError of its own.
+        failed = e.__context__ if isinstance(e, RuntimeError) else e
+        if isinstance(failed, OSError) and not failed.filename:
+            raise OSError(failed.errno, failed.strerror, str(path)) from None
         raise
 
 

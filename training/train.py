@@ -110,6 +110,11 @@ def _rng_state(device: torch.device) -> torch.Tensor | None:
     return torch.cuda.get_rng_state(device) if device.type == "cuda" else None
 
 
+def _shown(val_loss: float) -> str:
+    """The bar's val= value: "-" until the first evaluation (not nan)."""
+    return "-" if np.isnan(val_loss) else f"{val_loss:.3f}"
+
+
 def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
           topo: distributed.Topology | None = None) -> TrainResult:
     """Run steps ``resume_step + 1 .. stop`` and return the model plus its statistics."""
@@ -165,8 +170,6 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
     unigram = unigram_cross_entropy(data.train, data.val, tokenizer.n_vocab)
     stop = min(cfg.max_steps, cfg.stop_at or cfg.max_steps)
     params: list[torch.Tensor] = list(model.parameters())
-    bar = progress_bar("train", total=stop, initial=step, unit="step",
-                       disable=not (cfg.progress and topo.is_main))
     train_loss = val_loss = float("nan")
     tick, tick_tokens = time.perf_counter(), tokens
 
@@ -180,44 +183,45 @@ def train(cfg: TrainConfig, tokenizer: Tokenizer, data: TokenData,
                 history=history, config=cfg.to_dict()))
 
     model.train()
-    while step < stop:
-        step += 1
-        lr = lr_at(step, cfg)
-        for opt in optimizers:
-            for group in opt.param_groups:
-                group["lr"] = lr
-        xy = batches.draw(cfg.batch_size)  # (B, T+1), the global batch on every rank
-        row_updates[torch.unique(xy[:, :-1])] += 1
-        mine = xy[topo.rank * per_rank:(topo.rank + 1) * per_rank].to(device)  # (B/W, T+1)
-        loss_sum = torch.zeros((), device=device)
-        for k in range(cfg.grad_accum):
-            part = mine[k * micro:(k + 1) * micro]  # (b, T+1)
-            sync = k == cfg.grad_accum - 1 or not isinstance(net, DDP)
-            with (contextlib.nullcontext() if sync else net.no_sync()), autocast:  # type: ignore[operator]
-                _, loss = net(part[:, :-1], part[:, 1:])
-            (loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach().float()
-        clip_grad_norm(params, cfg.grad_clip)
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        tokens += cfg.batch_size * cfg.block_size
-        train_loss = float(distributed.all_reduce_mean(loss_sum / cfg.grad_accum, topo))
-        record: dict[str, float] = {"step": step, "train_loss": train_loss, "lr": lr,
-                                    "tokens": tokens}
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            val_loss = evaluate(model, data.val, cfg.block_size, cfg.batch_size,
-                                cfg.eval_tokens, device)
-            record["val_loss"] = val_loss
-        history.append(record)
-        now = time.perf_counter()
-        bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}",
-                        tok_s=f"{(tokens - tick_tokens) / max(now - tick, 1e-9):.0f}")
-        tick, tick_tokens = now, tokens
-        bar.update(1)
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step != stop:
-            save()
-    bar.close()
+    with progress_bar("train", total=stop, initial=step, unit="step",
+                      disable=not (cfg.progress and topo.is_main)) as bar:
+        while step < stop:
+            step += 1
+            lr = lr_at(step, cfg)
+            for opt in optimizers:
+                for group in opt.param_groups:
+                    group["lr"] = lr
+            xy = batches.draw(cfg.batch_size)  # (B, T+1), the global batch on every rank
+            row_updates[torch.unique(xy[:, :-1])] += 1
+            mine = xy[topo.rank * per_rank:(topo.rank + 1) * per_rank].to(device)  # (B/W, T+1)
+            loss_sum = torch.zeros((), device=device)
+            for k in range(cfg.grad_accum):
+                part = mine[k * micro:(k + 1) * micro]  # (b, T+1)
+                sync = k == cfg.grad_accum - 1 or not isinstance(net, DDP)
+                with (contextlib.nullcontext() if sync else net.no_sync()), autocast:  # type: ignore[operator]
+                    _, loss = net(part[:, :-1], part[:, 1:])
+                (loss / cfg.grad_accum).backward()
+                loss_sum += loss.detach().float()
+            clip_grad_norm(params, cfg.grad_clip)
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            tokens += cfg.batch_size * cfg.block_size
+            train_loss = float(distributed.all_reduce_mean(loss_sum / cfg.grad_accum, topo))
+            record: dict[str, float] = {"step": step, "train_loss": train_loss, "lr": lr,
+                                        "tokens": tokens}
+            if step % cfg.eval_every == 0 or step == cfg.max_steps:
+                val_loss = evaluate(model, data.val, cfg.block_size, cfg.batch_size,
+                                    cfg.eval_tokens, device)
+                record["val_loss"] = val_loss
+            history.append(record)
+            now = time.perf_counter()
+            bar.set_postfix(loss=f"{train_loss:.3f}", val=_shown(val_loss),
+                            tok_s=f"{(tokens - tick_tokens) / max(now - tick, 1e-9):.0f}")
+            tick, tick_tokens = now, tokens
+            bar.update(1)
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step != stop:
+                save()
     if np.isnan(val_loss):  # resumed at (or past) the end: evaluate what we have
         val_loss = evaluate(model, data.val, cfg.block_size, cfg.batch_size,
                             cfg.eval_tokens, device)

@@ -7,6 +7,8 @@
 //   node client/node/cli.js stream --target HOST:PORT --requests '[{...}, {...}]'
 //   node client/node/cli.js infer  --target HOST:PORT --request  '{"input_ids": [[1, 2]]}'
 //
+// Against a server that wants a bearer token: --token TOKEN, or $EMBED_TOKEN (as embedctl).
+//
 // Requests are the .proto messages as JSON (field names as in the .proto; enums by name);
 // `infer` takes the short form modelInfer() documents. Decoded values are printed as
 // base64 of little-endian float32 bytes (`values_b64`), not as JSON numbers: JSON has no
@@ -15,16 +17,20 @@
 // Every option of every command is checked by its rule in OPTIONS when it is parsed, the
 // request against grammar.js too: a mistake is one line, "error: --flag: ... (see --help)",
 // and exit status 2, before any connection. An RPC error is one line, "error: CODE: details",
-// exit status 1; a bug one line naming the file that holds its stack, exit status 70.
+// exit status 1 (no connection at all: what is at --target and what to try, the words
+// embedctl uses); a bug one line naming the file that holds its stack, exit status 70.
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const {
-  TARGET_FORM, embedRequest, embedRequests, inferRequest, isTarget, shown,
+  TARGET_FORM, TOKEN_FORM, checkToken, embedRequest, embedRequests, inferRequest, isTarget,
+  shown,
 } = require('./grammar');
 const { float32ToLittleEndian } = require('./decode');
 
-const PROG = 'cli.js';
+// As the user runs it (the docs' form), in --help and in the internal-error line.
+const PROG = 'node client/node/cli.js';
+const TOKEN_ENV = 'EMBED_TOKEN';
 
 /** A mistake in the command line: exit status 2, the message as the one line. */
 class UsageError extends Error {}
@@ -52,6 +58,15 @@ const TIMEOUT = {
   },
 };
 
+const TOKEN = {
+  accepts: `bearer token for a server started with --auth-token(s): ${TOKEN_FORM} `
+    + `('' = none; default $${TOKEN_ENV})`,
+  required: false,
+  parse(raw) {
+    return checkToken(raw);
+  },
+};
+
 /** JSON text, then checked by `check` (a grammar.js function that throws naming the item). */
 function jsonRule(accepts, check) {
   return {
@@ -76,17 +91,20 @@ const OPTIONS = {
     target: TARGET,
     request: jsonRule('an EmbedRequest as JSON, e.g. {"text": "hello"}', embedRequest),
     timeout: TIMEOUT,
+    token: TOKEN,
   },
   stream: {
     target: TARGET,
     requests: jsonRule('a JSON array of EmbedRequests', embedRequests),
     timeout: TIMEOUT,
+    token: TOKEN,
   },
   infer: {
     target: TARGET,
     request: jsonRule('modelInfer()\'s request as JSON, e.g. {"input_ids": [[1, 2]]}',
       inferRequest),
     timeout: TIMEOUT,
+    token: TOKEN,
   },
 };
 
@@ -105,9 +123,10 @@ function usage() {
 
 /**
  * argv (after `node cli.js`) -> { command, values } with every option checked, or
- * { help: true }; throws UsageError naming the option and what it accepts.
+ * { help: true }; throws UsageError naming the option and what it accepts. `env`: where
+ * $EMBED_TOKEN is read when --token is not given.
  */
-function parseArgs(argv) {
+function parseArgs(argv, env = process.env) {
   if (argv.length === 0) throw new UsageError(`give a command: ${Object.keys(OPTIONS).join(', ')}`);
   const [command, ...rest] = argv;
   if (command === '--help' || command === '-h' || rest.includes('--help') || rest.includes('-h')) {
@@ -150,6 +169,14 @@ function parseArgs(argv) {
       throw new UsageError(`--${name}: required, ${rule.accepts}`);
     }
   }
+  if (!Object.hasOwn(values, 'token') && env[TOKEN_ENV] !== undefined) {
+    try {
+      values.token = checkToken(env[TOKEN_ENV]);
+    } catch (err) {
+      throw new UsageError(`${TOKEN_ENV}: ${err.message}`);
+    }
+  }
+  if (values.token === '') delete values.token;
   return { command, values };
 }
 
@@ -187,7 +214,9 @@ function inferJson(r) {
 async function run({ command, values }) {
   // Loaded only now: --help and a refused command line never load grpc-js.
   const { embed, embedStream, modelInfer } = require('./embed');
-  const options = values.timeout === undefined ? {} : { timeoutSeconds: values.timeout };
+  const options = {};
+  if (values.timeout !== undefined) options.timeoutSeconds = values.timeout;
+  if (values.token !== undefined) options.token = values.token;
   if (command === 'embed') return embedJson(await embed(values.target, values.request, options));
   if (command === 'stream') {
     return (await embedStream(values.target, values.requests, options)).map(embedJson);
@@ -233,11 +262,34 @@ function main(argv) {
         internalError(err);
         return;
       }
-      // gRPC errors carry a numeric code; name it like every other gRPC tool does.
-      const { grpc } = require('./embed');
-      process.stderr.write(`error: ${grpc.status[err.code]}: ${err.details || err.message}\n`);
-      process.exitCode = 1;
+      failure(err, parsed.values).then((line) => {
+        process.stderr.write(`error: ${line.replace(/\r/g, '\\r').replace(/\n/g, '\\n')}\n`);
+        process.exitCode = 1;
+      }, internalError);
     });
+}
+
+/** The one line for a failed call: the server's answer, or why there was none. */
+async function failure(err, values) {
+  const { grpc } = require('./embed');
+  const { explain, probe, unreachable } = require('./diagnose');
+  const details = err.details || err.message;
+  if (unreachable(err)) {
+    // grpc-js's wording does not tell these apart reliably: look at the listener itself.
+    return explain(values.target, await probe(values.target), details);
+  }
+  // gRPC errors carry a numeric code; name it like every other gRPC tool does.
+  const line = `${grpc.status[err.code]}: ${details}`;
+  if (err.code === grpc.status.UNAUTHENTICATED) {
+    return line + (values.token !== undefined
+      ? `: the server refused this token; check --token (or $${TOKEN_ENV})`
+      : `: the server wants a bearer token; pass it with --token (or $${TOKEN_ENV})`);
+  }
+  if (err.code === grpc.status.DEADLINE_EXCEEDED) {
+    return `${line}: no answer within ${values.timeout === undefined ? 30 : values.timeout} s; `
+      + "raise --timeout, or check that --target is the service's gRPC port";
+  }
+  return line;
 }
 
 if (require.main === module) {

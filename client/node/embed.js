@@ -6,7 +6,7 @@ const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { decodeTensor, encodeInt64LE } = require('./decode');
-const { embedRequest, inferRequest, parseIds } = require('./grammar');
+const { checkToken, embedRequest, inferRequest, parseIds } = require('./grammar');
 
 const PROTO_ROOT = path.resolve(__dirname, '..', '..', 'proto');
 
@@ -33,6 +33,8 @@ function stubs() {
 /**
  * A client for one service. `options.credentials` defaults to plaintext (local servers);
  * pass grpc.credentials.createSsl(...) for TLS. `options.channelOptions` go to grpc-js.
+ * (Every call also takes `options.timeoutSeconds`, default 30, and `options.token`, sent
+ * as `authorization: Bearer <token>` metadata on each call, over plaintext or TLS.)
  */
 function connect(service, target, options = {}) {
   const Service = stubs()[service];
@@ -45,6 +47,25 @@ function connect(service, target, options = {}) {
 
 function deadline(options) {
   return new Date(Date.now() + 1000 * (options.timeoutSeconds || 30));
+}
+
+/**
+ * Per-call metadata: `authorization: Bearer <options.token>` when a token is given (the
+ * server's --auth-token / --auth-tokens). Metadata, not call credentials: grpc-js sends
+ * call credentials only over TLS, and a local server is often plaintext. Throws a plain
+ * Error (no `code`) for a token no header can carry.
+ */
+function callMetadata(options) {
+  const metadata = new grpc.Metadata();
+  if (options.token !== undefined && options.token !== null) {
+    try {
+      checkToken(options.token);
+    } catch (err) {
+      throw new Error(`options.token: ${err.message}`);
+    }
+    if (options.token !== '') metadata.set('authorization', `Bearer ${options.token}`);
+  }
+  return metadata;
 }
 
 /** The response with its tensor widened: `values` Float32Array [T*C], `shape` as numbers. */
@@ -67,14 +88,16 @@ function withValues(response) {
  */
 function embed(target, request, options = {}) {
   let message;
+  let metadata;
   try {
     message = embedRequest(request); // refused here, before anything is sent
+    metadata = callMetadata(options);
   } catch (err) {
     return Promise.reject(err);
   }
   const client = connect('EmbeddingService', target, options);
   return new Promise((resolve, reject) => {
-    client.Embed(message, { deadline: deadline(options) }, (err, response) => {
+    client.Embed(message, metadata, { deadline: deadline(options) }, (err, response) => {
       client.close();
       if (err) reject(err);
       else resolve(withValues(response));
@@ -91,6 +114,7 @@ function embed(target, request, options = {}) {
  */
 function embedStream(target, requests, options = {}) {
   let messages;
+  let metadata;
   try {
     // Every request is checked before the stream opens: none is sent if one is bad.
     messages = requests.map((request, i) => {
@@ -100,13 +124,14 @@ function embedStream(target, requests, options = {}) {
         throw new Error(`request ${i}: ${err.message}`);
       }
     });
+    metadata = callMetadata(options);
   } catch (err) {
     return Promise.reject(err);
   }
   const client = connect('EmbeddingService', target, options);
   return new Promise((resolve, reject) => {
     const responses = [];
-    const call = client.EmbedStream({ deadline: deadline(options) });
+    const call = client.EmbedStream(metadata, { deadline: deadline(options) });
     let failed = false;
     call.on('data', (response) => responses.push(withValues(response)));
     call.on('error', (err) => {
@@ -162,8 +187,10 @@ function parameterValue(p) {
  */
 function modelInfer(target, given, options = {}) {
   let request;
+  let metadata;
   try {
     request = inferRequest(given); // unknown keys, spellings and types refused here
+    metadata = callMetadata(options);
   } catch (err) {
     return Promise.reject(err);
   }
@@ -206,7 +233,7 @@ function modelInfer(target, given, options = {}) {
   };
   const client = connect('GRPCInferenceService', target, options);
   return new Promise((resolve, reject) => {
-    client.ModelInfer(message, { deadline: deadline(options) }, (err, response) => {
+    client.ModelInfer(message, metadata, { deadline: deadline(options) }, (err, response) => {
       client.close();
       if (err) {
         reject(err);

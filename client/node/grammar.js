@@ -67,15 +67,46 @@ function parseIds(text) {
   });
 }
 
-/** Whether `target` is one of TARGET_FORM's forms (a URL, a missing port or port 0 is not). */
-function isTarget(target) {
-  if (typeof target !== 'string') return false;
+/**
+ * Where `target` (one of TARGET_FORM's forms) connects: { host, port }, or { path } for
+ * unix:PATH (unix:///abs is /abs, as grpc reads it); null for anything else.
+ */
+function splitTarget(target) {
+  if (typeof target !== 'string') return null;
   const match = HOST_PORT.exec(target);
   if (match !== null) {
     const port = Number(match[3]);
-    return port >= 1 && port <= 65535;
+    return port >= 1 && port <= 65535 ? { host: match[1] || match[2], port } : null;
   }
-  return UNIX.test(target);
+  return UNIX.test(target) ? { path: target.slice('unix:'.length).replace(/^\/\/(?=\/)/, '') } : null;
+}
+
+/** Whether `target` is one of TARGET_FORM's forms (a URL, a missing port or port 0 is not). */
+function isTarget(target) {
+  return splitTarget(target) !== null;
+}
+
+// A bearer token as gRPC metadata carries it (client/rules.py's TOKEN): visible ASCII, no
+// spaces; a newline read from a file along with the token is the usual mistake.
+const TOKEN_FORM = 'a token of visible ASCII characters, without spaces or line breaks';
+const TOKEN = /^[\x21-\x7e]+$/;
+
+/**
+ * `token` if it can go in an `authorization: Bearer` header ('' = no token), else an Error
+ * saying why. The message never repeats the token: it is a secret, and lands in logs.
+ */
+function checkToken(token) {
+  if (typeof token !== 'string') {
+    throw new Error(`must be ${TOKEN_FORM}, got a ${token === null ? 'null' : typeof token}`);
+  }
+  if (token === '' || TOKEN.test(token)) return token;
+  const chars = [...token];
+  const at = chars.findIndex((c) => !TOKEN.test(c));
+  const c = chars[at];
+  const what = c === '\n' || c === '\r' ? 'a line break'
+    : c === ' ' || c === '\t' ? 'a space' : `the character U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, '0')}`;
+  throw new Error(`must be ${TOKEN_FORM}; this one has ${what} at character ${at + 1} `
+    + `of ${chars.length}`);
 }
 
 /** `value` if it is an integer in [low, high]; throws naming the option. */
@@ -212,6 +243,7 @@ function embedRequests(requests) {
 }
 
 module.exports = {
-  IDS_FORM, MAX_ID, SPELLINGS, TARGET_FORM, EMBED_KEYS, INFER_KEYS, parseIds, enumName, oipName,
-  isTarget, embedRequest, embedRequests, inferRequest, shown,
+  IDS_FORM, MAX_ID, SPELLINGS, TARGET_FORM, TOKEN_FORM, EMBED_KEYS, INFER_KEYS, parseIds,
+  enumName, oipName, isTarget, splitTarget, checkToken, embedRequest, embedRequests,
+  inferRequest, shown,
 };

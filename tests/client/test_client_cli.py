@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from client import EmbeddingClient
 from client.cli import main
 from service.format.checkpoint import Checkpoint, read_checkpoint
 from service.local import ServerHandle
+from tests.tiny_model import start
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO_WORLD = [31373, 995]
@@ -142,7 +145,7 @@ def test_bad_usage_exits_2_with_one_line() -> None:
     proc = embedctl("embed", "--ids", "1,x")
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (
-        "embedctl embed: error: argument --ids: item 2 of the token ids, 'x', is not an "
+        "embedctl: error: argument --ids: item 2 of the token ids, 'x', is not an "
         "integer: give integers separated by commas, e.g. 1,2,3 (see --help)\n")
 
 
@@ -159,6 +162,41 @@ def test_out_file_that_cannot_be_written_is_one_line(server: ServerHandle,
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == (f"embedctl: cannot write {tmp_path / 'ro' / 'x.npy'}: "
                            f"Permission denied\n")
+
+
+def test_out_file_gets_the_usual_mode(server: ServerHandle, tmp_path: Path) -> None:
+    """0666 less the umask, as np.save or any program writing a file gives (it was
+    mkstemp's 0600 whatever the umask)."""
+    for mask, mode in ((0o022, 0o644), (0o002, 0o664), (0o077, 0o600)):
+        out = tmp_path / f"x{mask:o}.npy"
+        proc = subprocess.run(
+            [sys.executable, "-m", "client.cli", "--target", server.target, "embed", "hello",
+             "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+            check=False, preexec_fn=functools.partial(os.umask, mask))
+        assert (proc.returncode, proc.stderr) == (0, "")
+        assert stat.S_IMODE(out.stat().st_mode) == mode, f"umask {mask:o}"
+        assert np.load(out).shape == (1, 16)
+
+
+def test_a_shared_memory_region_too_small_names_the_bytes_needed(server: ServerHandle) -> None:
+    proc = embedctl("--target", server.target, "embed", "hello world", "--shm",
+                    "--shm-bytes", "100")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert re.fullmatch(
+        r"embedctl: INVALID_ARGUMENT: output: the output needs 128 bytes at offset 0 but "
+        r"region 'embedctl-\d+' has 100 bytes; the largest T that fits is 1: this request "
+        r"needs --shm-bytes 128 or more \(it had 100\)\n", proc.stderr), proc.stderr
+
+
+def test_models_on_an_empty_server_says_so(tmp_path: Path) -> None:
+    empty = start(tmp_path)
+    try:
+        proc = embedctl("--target", empty.target, "models")
+    finally:
+        empty.stop()
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout == ("no model is loaded: the server's model repository has no valid "
+                           "version yet\n")
 
 
 def test_embed_through_shared_memory(server: ServerHandle, reference, tmp_path: Path) -> None:

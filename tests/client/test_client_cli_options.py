@@ -23,10 +23,6 @@ def top(message: str) -> str:
     return f"embedctl: error: {message} (see --help)"
 
 
-def sub(command: str, message: str) -> str:
-    return f"embedctl {command}: error: {message} (see --help)"
-
-
 def cases(tmp: Path, certs: Path) -> Cases:
     pem = tmp / "a.pem"
     pem.write_text("x")
@@ -79,57 +75,56 @@ def cases(tmp: Path, certs: Path) -> Cases:
                          f"was made with")),
                     (["--tls-cert", cert, "--tls-key", key, "models"], None)],
         "model": [(["info", "--model", "../etc"],
-                   sub("info", f"argument --model: must be {NAME}, got '../etc'")),
+                   top(f"argument --model: must be {NAME}, got '../etc'")),
                   (["info", "--model", ".hidden"],
-                   sub("info", f"argument --model: must be {NAME}, got '.hidden'")),
+                   top(f"argument --model: must be {NAME}, got '.hidden'")),
                   (["info", "--model", "Llama-3.2-1B"], None), (["info", "--model", ""], None)],
-        "version": [(["info", "--version", "-1"], sub(
-            "info", "argument --version: must be an integer in [0, 9007199254740991] (0 = the "
+        "version": [(["info", "--version", "-1"], top(
+            "argument --version: must be an integer in [0, 9007199254740991] (0 = the "
             "newest loaded), got '-1'")),
-                    (["info", "--version", "1.5"], sub(
-            "info", "argument --version: must be an integer in [0, 9007199254740991] (0 = the "
+                    (["info", "--version", "1.5"], top(
+            "argument --version: must be an integer in [0, 9007199254740991] (0 = the "
             "newest loaded), got '1.5'")),
                     (["info", "--version", "3"], None)],
-        "text": [(["embed", ""], sub("embed", "argument TEXT: must be non-empty text, got ''")),
-                 (["tokenize", ""], sub("tokenize",
-                                        "argument TEXT: must be non-empty text, got ''")),
+        "text": [(["embed", ""], top("argument TEXT: must be non-empty text, got ''")),
+                 (["tokenize", ""], top("argument TEXT: must be non-empty text, got ''")),
                  (["tokenize", " "], None)],
-        "ids": [(["embed", "--ids", "1,,2"], sub(
-            "embed", "argument --ids: item 2 of the token ids is empty: give integers "
+        "ids": [(["embed", "--ids", "1,,2"], top(
+            "argument --ids: item 2 of the token ids is empty: give integers "
             "separated by commas, e.g. 1,2,3")),
-                (["detokenize", "1 2"], sub(
-            "detokenize", "argument IDS: item 1 of the token ids, '1 2', is not an integer: "
+                (["detokenize", "1 2"], top(
+            "argument IDS: item 1 of the token ids, '1 2', is not an integer: "
             "give integers separated by commas, e.g. 1,2,3")),
                 (["embed", "--ids", "1, 2"], None)],
         "start_position": [
-            (["embed", "a", "--start-position", "4294967296"], sub(
-                "embed", "argument --start-position: must be an integer in [0, 4294967295], "
+            (["embed", "a", "--start-position", "4294967296"], top(
+                "argument --start-position: must be an integer in [0, 4294967295], "
                 "got '4294967296'")),
             (["embed", "a", "--start-position", "4294967295"], None)],
-        "compose": [(["embed", "a", "--compose", "Token"], sub(
-            "embed", "argument --compose: compose 'Token': expected one of token+position, "
+        "compose": [(["embed", "a", "--compose", "Token"], top(
+            "argument --compose: compose 'Token': expected one of token+position, "
             "token_plus_position, COMPOSE_TOKEN_PLUS_POSITION, token, token_only, "
             "COMPOSE_TOKEN_ONLY, position, position_only, COMPOSE_POSITION_ONLY")),
                     (["embed", "a", "--compose", "token_only"], None)],
-        "dtype": [(["embed", "a", "--dtype", "fp16"], sub(
-            "embed", "argument --dtype: dtype 'fp16': expected one of float32, FP32, "
+        "dtype": [(["embed", "a", "--dtype", "fp16"], top(
+            "argument --dtype: dtype 'fp16': expected one of float32, FP32, "
             "DTYPE_FLOAT32, float16, FP16, DTYPE_FLOAT16, bfloat16, BF16, DTYPE_BFLOAT16")),
                   (["embed", "a", "--dtype", "BF16"], None)],
-        "truncate": [(["embed", "a", "--truncate", "LEFT"], sub(
-            "embed", "argument --truncate: truncate 'LEFT': expected one of none, "
+        "truncate": [(["embed", "a", "--truncate", "LEFT"], top(
+            "argument --truncate: truncate 'LEFT': expected one of none, "
             "TRUNCATE_NONE, right, TRUNCATE_RIGHT, left, TRUNCATE_LEFT")),
                      (["embed", "a", "--truncate", "left"], None)],
         "add_special_tokens": [
             (["embed", "a", "--add-special-tokens=1"],
-             sub("embed", "argument --add-special-tokens/--no-add-special-tokens: "
+             top("argument --add-special-tokens/--no-add-special-tokens: "
                  "ignored explicit argument '1'")),
             (["embed", "a", "--no-add-special-tokens"], None)],
         "allow_special_tokens": [
-            (["tokenize", "a", "--allow-special-tokens=no"], sub(
-                "tokenize", "argument --allow-special-tokens: ignored explicit argument 'no'")),
+            (["tokenize", "a", "--allow-special-tokens=no"], top(
+                "argument --allow-special-tokens: ignored explicit argument 'no'")),
             (["tokenize", "a", "--allow-special-tokens"], None)],
-        "out": [(["embed", "a", "--out", str(tmp / "x")], sub(
-            "embed", f"argument --out: must be a file path ending in .npy, got '{tmp / 'x'}'")),
+        "out": [(["embed", "a", "--out", str(tmp / "x")], top(
+            f"argument --out: must be a file path ending in .npy, got '{tmp / 'x'}'")),
                 (["embed", "a", "--out", str(tmp / "no" / "x.npy")],
                  top(f"--out {tmp / 'no' / 'x.npy'}: the directory {tmp / 'no'} does not "
                      f"exist; create it first")),
@@ -137,10 +132,10 @@ def cases(tmp: Path, certs: Path) -> Cases:
                  top(f"--out {tmp / 'dir.npy'}: is a directory; name the file to write")),
                 (["embed", "a", "--out", str(tmp / "x.NPY")], None)],
         "shm": [(["embed", "a", "--shm=1"],
-                 sub("embed", "argument --shm: ignored explicit argument '1'")),
+                 top("argument --shm: ignored explicit argument '1'")),
                 (["embed", "a", "--shm"], None)],
-        "shm_bytes": [(["embed", "a", "--shm", "--shm-bytes", "0"], sub(
-            "embed", "argument --shm-bytes: must be a size in bytes >= 1, got '0'")),
+        "shm_bytes": [(["embed", "a", "--shm", "--shm-bytes", "0"], top(
+            "argument --shm-bytes: must be a size in bytes >= 1, got '0'")),
                       (["embed", "a", "--shm", "--shm-bytes", "4096"], None)],
     }
 

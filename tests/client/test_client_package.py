@@ -170,5 +170,5 @@ def test_docs_install_line_gives_a_light_working_client(server: ServerHandle,
     proc = run(["embedctl", "--target", server.target, "embed", "--ids", "1 2"], env, outside)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (
-        "embedctl embed: error: argument --ids: item 1 of the token ids, '1 2', is not an "
+        "embedctl: error: argument --ids: item 1 of the token ids, '1 2', is not an "
         "integer: give integers separated by commas, e.g. 1,2,3 (see --help)\n")

@@ -11,9 +11,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ import torch
 
 from service.local import ServerHandle
 from tests.tiny_model import TRAINED_ROWS, tiny_tables
+from tests.tiny_model import start as start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "client" / "node"
@@ -33,6 +38,7 @@ CLI_TESTS = NODE_DIR / "test" / "cli.test.js"
 HELLO_WORLD = [31373, 995]  # "hello world" in GPT-2 BPE
 HELLO = [31373]
 IDS = [31373, 995, 50256, 0, 7]
+TOKEN = "n0de-s3cret"
 # Native enum names and OIP datatype names -> the cast the server applies after the fp32 add.
 CASTS: dict[str, torch.dtype] = {
     "DTYPE_FLOAT32": torch.float32, "DTYPE_FLOAT16": torch.float16,
@@ -76,15 +82,18 @@ def expected() -> Expected:
     return rows
 
 
-def run_cli(node: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``node client/node/cli.js ARGS`` as a user would run it."""
+def run_cli(node: str, *args: str,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``node client/node/cli.js ARGS`` as a user would run it (``env`` added to a
+    environment without $EMBED_TOKEN)."""
+    environ = {k: v for k, v in os.environ.items() if k != "EMBED_TOKEN"}
     return subprocess.run([node, str(CLI), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, check=False)
+                          timeout=60, check=False, env={**environ, **(env or {})})
 
 
-def cli_json(node: str, *args: str) -> Any:
+def cli_json(node: str, *args: str, env: dict[str, str] | None = None) -> Any:
     """Run the CLI, require success and a quiet stderr, return its JSON."""
-    proc = run_cli(node, *args)
+    proc = run_cli(node, *args, env=env)
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
     return json.loads(proc.stdout)
 
@@ -279,3 +288,157 @@ def test_node_unit_tests_pass(node: str, tests_file: Path, at_least: int) -> Non
     assert counts == {"pass": str(declared), "fail": "0", "skipped": "0", "todo": "0",
                       "cancelled": "0"}
     assert declared >= at_least
+
+
+@pytest.fixture(scope="module")
+def token_server(tiny_repo: Path) -> Iterator[ServerHandle]:
+    """A plaintext server that wants `authorization: Bearer n0de-s3cret`."""
+    handle = start_server(tiny_repo, auth_token=TOKEN)
+    yield handle
+    handle.stop(grace=0.5)
+
+
+def one_line_failure(proc: subprocess.CompletedProcess[str]) -> str:
+    """A failed call: exit status 1, nothing on stdout, one stderr line 'error: ...'."""
+    assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: "), proc.stderr
+    return proc.stderr.removeprefix("error: ").rstrip("\n")
+
+
+def test_token_from_option_and_environment(node: str, token_server: ServerHandle,
+                                           expected: Expected) -> None:
+    """Each call carries `authorization: Bearer <token>` as metadata, over plaintext."""
+    request = json.dumps({"token_ids": {"ids": IDS}, "start_position": 3})
+    want = expected(IDS, 3, "token_plus_position", "FP32")
+    out = cli_json(node, "embed", "--target", token_server.target, "--request", request,
+                   "--token", TOKEN)
+    assert_bits_equal(values(out, [5, 16]), want)
+    out = cli_json(node, "embed", "--target", token_server.target, "--request", request,
+                   env={"EMBED_TOKEN": TOKEN})
+    assert_bits_equal(values(out, [5, 16]), want)
+    [streamed] = cli_json(node, "stream", "--target", token_server.target, "--requests",
+                          f"[{request}]", "--token", TOKEN)
+    assert_bits_equal(values(streamed, [5, 16]), want)
+    inferred = cli_json(node, "infer", "--target", token_server.target, "--request",
+                        json.dumps({"input_ids": [IDS], "start_position": 3}),
+                        env={"EMBED_TOKEN": TOKEN})
+    assert_bits_equal(values(inferred["outputs"][0], [1, 5, 16]), want[None])
+
+
+@pytest.mark.parametrize("command", ["embed", "stream", "infer"])
+def test_without_or_with_a_wrong_token_says_what_to_do(node: str, token_server: ServerHandle,
+                                                       command: str) -> None:
+    option, request = {"embed": ("--request", '{"text": "hi"}'),
+                       "stream": ("--requests", '[{"text": "hi"}]'),
+                       "infer": ("--request", '{"text": ["hi"]}')}[command]
+    base = [command, "--target", token_server.target, option, request]
+    missing = one_line_failure(run_cli(node, *base))
+    assert missing.startswith("UNAUTHENTICATED: "), missing
+    assert missing.endswith(": the server wants a bearer token; pass it with --token (or "
+                            "$EMBED_TOKEN)"), missing
+    for wrong in (run_cli(node, *base, "--token", "nope"),
+                  run_cli(node, *base, env={"EMBED_TOKEN": "nope"})):
+        line = one_line_failure(wrong)
+        assert line.startswith("UNAUTHENTICATED: "), line
+        assert line.endswith(": the server refused this token; check --token (or "
+                             "$EMBED_TOKEN)"), line
+    # --token wins over the environment, as embedctl's does
+    cli_json(node, *base, "--token", TOKEN, env={"EMBED_TOKEN": "nope"})
+
+
+def test_a_token_no_header_can_carry_is_refused_before_any_connection(node: str) -> None:
+    """Never echoed (it is a secret); nothing listens at the target, and it is not asked."""
+    proc = run_cli(node, "embed", "--target", "127.0.0.1:1", "--request", '{"text": "a"}',
+                   env={"EMBED_TOKEN": "s3cret\n"})
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("error: EMBED_TOKEN: must be a token of visible ASCII characters, "
+                           "without spaces or line breaks; this one has a line break at "
+                           "character 7 of 7 (see --help)\n")
+    library = ("const { embed } = require('./embed');"
+               "embed('127.0.0.1:1', { text: 'a' }, { token: 'a b' })"
+               ".catch((err) => console.log(err.code === undefined, err.message));")
+    out = subprocess.run([node, "-e", library], cwd=NODE_DIR, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.stdout == ("true options.token: must be a token of visible ASCII characters, "
+                          "without spaces or line breaks; this one has a space at character "
+                          "2 of 3\n"), out.stderr
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A port nothing listens on: bound by the kernel's choice, then released."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def hang_up_port() -> Iterator[int]:
+    """A TCP listener that accepts every connection and closes it at once."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join(timeout=5)
+    listener.close()
+
+
+def _embed_at(node: str, target: str) -> str:
+    return one_line_failure(run_cli(node, "embed", "--target", target, "--request",
+                                    '{"text": "a"}', "--timeout", "10"))
+
+
+def test_nothing_listening_is_one_clear_line(node: str, closed_port: int,
+                                             tmp_path: Path) -> None:
+    """Before: grpc-js's own text, ending in an empty 'Resolution note: '."""
+    target = f"127.0.0.1:{closed_port}"
+    assert _embed_at(node, target) == (
+        f"nothing is listening at {target} (connection refused): start the server, or point "
+        f"--target at its gRPC port")
+    socket_target = f"unix:{tmp_path / 'embed.sock'}"
+    assert _embed_at(node, socket_target) == (
+        f"nothing is listening at {socket_target} (no such socket file): start the server, "
+        f"or point --target at its socket")
+    assert _embed_at(node, "no-such-host.invalid:50051") == (
+        "cannot resolve the host of no-such-host.invalid:50051 (no such host): check --target")
+
+
+def test_a_listener_that_is_not_grpc_is_named(node: str, server: ServerHandle,
+                                              hang_up_port: int) -> None:
+    http = f"127.0.0.1:{server.http_port}"  # the service's own REST port
+    assert _embed_at(node, http) == (
+        f"{http} is an HTTP/1.x server, not gRPC (it answered 'HTTP/1.0 400 Bad Request'): "
+        f"point --target at the gRPC port; the service's REST API and page are on another "
+        f"port")
+    target = f"127.0.0.1:{hang_up_port}"
+    assert _embed_at(node, target) == (
+        f"{target} accepted the connection but does not speak gRPC (closed the connection): "
+        f"check the port in --target")
+
+
+def test_a_tls_server_is_named(node: str, tiny_repo: Path, certs: Path) -> None:
+    handle = start_server(tiny_repo, tls_cert=str(certs / "server.pem"),
+                   tls_key=str(certs / "server.key"))
+    try:
+        assert _embed_at(node, handle.target) == (
+            f"{handle.target} speaks TLS, and this CLI connects in plaintext only: point "
+            f"--target at a plaintext port, or call embed.js with {{ credentials: "
+            f"grpc.credentials.createSsl(...) }}")
+    finally:
+        handle.stop(grace=0.5)

@@ -28,6 +28,22 @@ def test_without_a_cuda_device_says_so(tmp_path: Path) -> None:
                         "examples/hf_inputs_embeds.py is the same on CPU\n")
 
 
+@pytest.mark.parametrize(("args", "line"), [
+    (["--seed", "x"], "argument --seed: must be an integer in [0, 4294967295], got 'x'"),
+    (["--start-position", "-5"],
+     "argument --start-position: must be a position in [0, 4294967295], got '-5'"),
+    (["--target", "localhost"], "argument --target: must be host:port (port 1..65535), "
+     "[IPv6]:port, dns:///host:port or unix:PATH, got 'localhost'")])
+def test_a_bad_option_is_refused_before_the_cuda_check(tmp_path: Path, args: list[str],
+                                                      line: str) -> None:
+    """One line naming the option (no usage block), before it looks for a GPU."""
+    r = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "cuda_inputs_embeds.py"),
+                        *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"python examples/cuda_inputs_embeds.py: error: {line} (see --help)\n"
+
+
 @pytest.mark.gpu
 def test_rows_in_gpu_memory_give_the_same_logits(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--start-position", "5"]) == 0

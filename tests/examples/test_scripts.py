@@ -4,6 +4,7 @@ option of each is checked when parsed: the walk goes over the parser's own optio
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -93,12 +94,15 @@ def test_downstream_service_options(tmp_path: Path, capsys: pytest.CaptureFixtur
     ], parse_args, capsys)
 
 
-def test_hf_inputs_embeds_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from examples.hf_inputs_embeds import build_parser, parse_args
-
+@pytest.mark.parametrize("p", ["hf_inputs_embeds", "cuda_inputs_embeds"])
+def test_inputs_embeds_options(p: str, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The CPU example and its GPU twin take the same options by the same rules (the GPU
+    one checks them all before it looks for a CUDA device)."""
+    module = importlib.import_module(f"examples.{p}")
+    build_parser, parse_args = module.build_parser, module.parse_args
     (tmp_path / "config.json").write_text("{}")
     remote = ["--target", "127.0.0.1:50051", "--hf-dir", str(tmp_path)]
-    p = "hf_inputs_embeds"
     walk(build_parser(), {
         "text": [(["--text", ""], _bad(p, "--text", "", "non-empty text")),
                  (["--text", "a"], None)],

@@ -292,3 +292,27 @@ def test_a_bug_before_logging_is_one_line_naming_its_log(
     assert err == (f"python -m service: internal error (KeyError); please report it with the "
                    f"log {log}\n")
     assert "KeyError: 'port'" in log.read_text()
+
+
+def test_help_says_what_the_server_does() -> None:
+    """--help as the code behaves: the workers share one sealed copy of the tables
+    (format/shared_tables.py), a stored bf16 table is read into memory, not mapped
+    (format/tensorfile.py), and no help cites a measured figure that would go stale."""
+    helps = {a.dest: a.help or "" for a in _parser()._actions}
+    assert helps["workers"] == (
+        "server processes sharing the ports (SO_REUSEPORT); the tables present at start are "
+        "read once and every worker maps that one sealed copy (a version loaded later is "
+        "read by each worker); needs fixed --grpc-port and --http-port (env EMBED_WORKERS; "
+        "default 1)")
+    assert helps["table_dtype"] == (
+        "dtype the tables are held in on the device: stored keeps the checkpoint's (a bf16 "
+        "table stays bf16 in memory, half the bytes of float32, and its rows are widened as "
+        "gathered), or float32, float16, bfloat16 (converted at load); the position add is "
+        "always fp32 (env EMBED_TABLE_DTYPE; default 'stored')")
+    assert helps["torch_threads"] == (
+        "torch intra-op threads for CPU lookups; parallelism comes from batching and gRPC's "
+        "threads, so more threads here compete with them for the cores; 0 = torch's default "
+        "(env EMBED_TORCH_THREADS; default 1)")
+    for dest, text in helps.items():
+        assert "measured" not in text, dest
+        assert "memory map" not in text, dest

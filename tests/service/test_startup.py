@@ -290,3 +290,25 @@ def test_docs_table_names_every_flag() -> None:
     rows = [line for line in table.splitlines() if line.startswith("| `--")]
     named = set(re.findall(r"--[a-z-]+", " ".join(row.split(" | ")[0] for row in rows)))
     assert {flag_name(f.name) for f in fields(ServerConfig)} <= named
+
+
+@pytest.mark.parametrize(("ports", "shown"), [
+    ({"http_port": -1, "metrics_port": -1}, "http off, metrics off"),
+    ({"http_port": 0, "metrics_port": -1}, "http :{http}, metrics off"),
+    ({"http_port": -1, "metrics_port": 0}, "http off, metrics :{metrics}"),
+    ({"http_port": 0, "metrics_port": 0}, "http :{http}, metrics :{metrics}")])
+def test_serving_line_says_which_listeners_are_off(
+        repo: Path, caplog: pytest.LogCaptureFixture, ports: dict[str, int], shown: str) -> None:
+    """-1 turns a listener off: the start-up line says so (it said 'metrics :0')."""
+    with caplog.at_level(logging.INFO, logger="service.server"):
+        handle = start(repo, **ports)
+    try:
+        [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving")]
+        server = handle.server
+        expected = shown.format(http=server.http_port, metrics=server.metrics_port)
+        assert line == (f"serving tiny/2 ({server.repo.models['tiny'].checkpoint_id[:12]}) on "
+                        f"127.0.0.1:{server.grpc_port} ({expected}, device cpu, default model "
+                        f"'tiny')")
+        assert ":0," not in line
+    finally:
+        handle.stop()

@@ -5,6 +5,9 @@ traceback."""
 from __future__ import annotations
 
 import os
+import re
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -162,7 +165,7 @@ def test_importer_names_the_file_with_bad_json(tmp_path: Path, name: str,
         path.write_text(content)
     out = tmp_path / "models" / "m" / "1"
     line = refusal("training.importers", "hf", str(src), "--out", str(out), cwd=tmp_path)
-    assert line.startswith(f"error: {path}: {expected}"), line
+    assert line.startswith(f"python -m training.importers: error: {path}: {expected}"), line
 
 
 def _tiny_safetensors(src: Path) -> None:
@@ -179,3 +182,62 @@ _TOKENIZER_JSON = ('{"version": "1.0", "truncation": null, "padding": null, "add
                    '[], "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, '
                    '"post_processor": null, "decoder": null, "model": {"type": "WordLevel", '
                    '"vocab": {"a": 0, "[UNK]": 1}, "unk_token": "[UNK]"}}')
+
+
+def _with_bars(tmp_path: Path, *args: str, file_limit: int | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    """The job with its progress bars on (tqdm, as a person sees it), ``file_limit``
+    bytes the most any file may grow to (a disk that fills: writes fail with EFBIG)."""
+    flags = [a for a in TINY if a != "--no-progress"]
+
+    def limit() -> None:
+        if file_limit is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails, not the process
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+
+    return subprocess.run(
+        [sys.executable, "-m", "training", *flags, "--runs-dir", str(tmp_path / "runs"),
+         "--cache-dir", str(tmp_path / "cache"), "--out-repository", str(tmp_path / "models"),
+         *args], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=300, preexec_fn=limit)
+
+
+def test_a_refusal_during_tokenizing_starts_its_own_line(tmp_path: Path) -> None:
+    """Before: 'tokenize: 0.00tok [00:00, ?tok/s]python -m training: error: ...'."""
+    (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n')
+    proc = _with_bars(tmp_path, "--data", "bad.jsonl")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[-1] == ("python -m training: error: bad.jsonl:1: need a JSON object with a "
+                         "'text' field, one per line, in UTF-8")
+    assert lines[-2].endswith("tokenize: 0.00tok [00:00, ?tok/s]"), lines  # the bar, ended
+    assert proc.stderr.count("python -m training") == 1
+
+
+def test_a_full_disk_during_training_is_one_line_after_the_bar(tmp_path: Path) -> None:
+    """The trainer state cannot be written (every file limited to 1 MiB, the state is
+    ~19 MiB): one line naming the file, exit status 1, below the train bar that ended.
+    Before: the line was glued to the bar, and said 'internal error (RuntimeError)' (torch's
+    zip writer hides the failed write)."""
+    (tmp_path / "c.txt").write_text(corpus_text())
+    proc = _with_bars(tmp_path, "--data", "c.txt", "--checkpoint-every", "1",
+                      file_limit=1 << 20)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    state = tmp_path / "runs" / "default" / "state" / "trainer.pt"
+    assert lines[-1] == f"python -m training: {state}: File too large"
+    assert lines[-2].startswith("train:  50%|"), lines  # step 1 of 2, where it was saved
+    assert "val=-" in lines[-2]  # no evaluation yet: not 'val=nan'
+    assert not state.exists()
+    assert list(state.parent.iterdir()) == []  # its temporary file removed
+
+
+def test_a_full_disk_while_tokenizing_names_the_token_shard(tmp_path: Path) -> None:
+    """Before: 'python -m training: 4001 requested and 1000 written' (numpy's tofile)."""
+    (tmp_path / "c.txt").write_text(corpus_text())
+    proc = _with_bars(tmp_path, "--data", "c.txt", file_limit=2000)
+    assert proc.returncode == 1, proc.stderr
+    line = proc.stderr.splitlines()[-1]
+    assert re.fullmatch(rf"python -m training: {re.escape(str(tmp_path / 'cache'))}/"
+                        r"[0-9a-f]{64}/tokens\.bin: File too large", line), line
+    assert list((tmp_path / "cache").iterdir()) == []  # the half-written shard removed

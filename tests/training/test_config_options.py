@@ -244,7 +244,8 @@ def test_default_model_options(tmp_path: Path, make_checkpoint: MakeCheckpoint,
          f"{prog}--out-repository: {set_here}"),
         (["--model-repository", str(repo), "--no-export"], f"{prog}--no-export: {set_here}"),
         (["--model-repository", str(repo), "--max-steps", "0"],
-         f"{PROG}argument --max-steps: must be a number of steps >= 1, got '0' (see --help)"),
+         f"{prog}argument --max-steps: must be a number of steps >= 1, got '0' (see --help)"),
+        (["--bogus"], f"{prog}unrecognized arguments: --bogus (see --help)"),
     ], run, capsys)
     assert capsys.readouterr().out == ""
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -105,3 +107,18 @@ def test_many_small_jobs_keep_order(tmp_path: Path, tokenizer: Tokenizer,
     for d in docs:
         want += [EOT, *tokenizer.encode(d)]
     assert np.concatenate([data.train, data.val]).tolist() == want
+
+
+def test_the_cached_shard_gets_the_usual_modes(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    """Its directory is made by mkdtemp and renamed into place: 0777 less the umask, like
+    any directory (it was mkdtemp's 0700)."""
+    (tmp_path / "c.txt").write_text(corpus_text())
+    old = os.umask(0o022)
+    try:
+        data = load_tokens([str(tmp_path / "c.txt")], tokenizer, tmp_path / "cache", 0.1,
+                           progress=False)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(data.path.parent.stat().st_mode) == 0o755
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in data.path.parent.iterdir()} == {
+        "tokens.bin": 0o644, "meta.json": 0o644}

@@ -100,6 +100,18 @@ def test_neighbors_needs_one_token(repo: Path, capsys: pytest.CaptureFixture[str
     assert "'hello world' is 2 tokens [31373, 995], not one" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("token_id", "why"), [
+    (VOCAB, " (a padding row, never a token)"), (50300, " (a padding row, never a token)"),
+    (ROWS, ""), (99999, "")])
+def test_neighbors_id_past_vocab_size(repo: Path, capsys: pytest.CaptureFixture[str],
+                                      token_id: int, why: str) -> None:
+    assert main(_run(repo, "neighbors", "--id", str(token_id))) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == (f"python -m training.inspect: error: argument --id: must be a token "
+                       f"id below the model's vocab_size {VOCAB}, got {token_id}{why}\n")
+
+
 def test_untrained_exact(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ckpt = load_model(repo, "tiny", 2).checkpoint
     ids = untrained_tokens(ckpt.row_updates, VOCAB)
@@ -164,13 +176,12 @@ def test_module_entry_point(repo: Path) -> None:
 
 def test_every_option_refuses_what_cannot_work(repo: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    top, sub = "python -m training.inspect: error: ", "python -m training.inspect {}: error: "
+    top = "python -m training.inspect: error: "  # a subcommand's mistake too
     name = "a model name: letters, digits, '.', '_' or '-', starting with a letter or digit"
     figure = "a file path ending in .png, .svg or .pdf"
 
     def bad(command: str, option: str, value: str, accepts: str) -> str:
-        prefix = sub.format(command) if command else top
-        return f"{prefix}argument {option}: must be {accepts}, got {value!r} (see --help)"
+        return f"{top}argument {option}: must be {accepts}, got {value!r} (see --help)"
 
     walk(_parser(), {
         "model_repository": [

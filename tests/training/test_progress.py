@@ -31,6 +31,24 @@ def test_text_progress_writes_tqdms_words(capsys: pytest.CaptureFixture[str]) ->
     assert lines[-1].endswith(", loss=3.100, val=nan")
 
 
+def _fail_in(bar: progress.Progress) -> None:
+    with bar:
+        bar.update(3)
+        raise ValueError("bad line")
+
+
+def test_a_bar_used_with_with_ends_its_line_when_the_work_fails(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="bad line"):
+        _fail_in(TextProgress("tokenize", unit="tok", interval=3600.0))
+    assert capsys.readouterr().err.startswith("tokenize: 3 tok [")
+    with pytest.raises(ValueError, match="bad line"):
+        _fail_in(progress_bar("tokenize", unit="tok"))  # tqdm's bar
+    err = capsys.readouterr().err
+    assert "tokenize: 3tok [" in err
+    assert err.endswith("\n")
+
+
 def test_text_progress_scales_and_throttles(capsys: pytest.CaptureFixture[str]) -> None:
     bar = TextProgress("tokenize", unit="tok", unit_scale=True, interval=3600.0)
     bar.update(1_500_000)  # inside the interval: nothing written yet

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ from training.config import TrainConfig, compiler_available
 from training.data import load_tokens
 from training.loss import auto_head_precision, cpu_has_native_bf16
 from training.model import GPT
-from training.state import load_state
+from training.state import TrainerState, load_state, save_state
 from training.train import Batches, TrainResult, train
 
 
@@ -191,3 +193,21 @@ def test_long_runs_compile_where_a_compiler_is(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.delenv("CC", raising=False)
     assert long.resolved("cpu").compile is False  # no compiler: eager, recorded so
+
+
+def test_the_trainer_state_gets_the_usual_mode(tmp_path: Path) -> None:
+    """0666 less the umask, like any file the job writes (it was mkstemp's 0600)."""
+    state = TrainerState(step=3, tokens=96, model={"w": torch.ones(2, 2)}, optimizers=[],
+                         row_updates=torch.zeros(4, dtype=torch.int64),
+                         batch_rng=torch.get_rng_state(), torch_rng=torch.get_rng_state(),
+                         cuda_rng=None, corpus_sha256="0" * 64)
+    path = tmp_path / "runs" / "r" / "state" / "trainer.pt"
+    for mask, mode in ((0o022, 0o644), (0o077, 0o600)):
+        old = os.umask(mask)
+        try:
+            save_state(path, state)
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE(path.stat().st_mode) == mode
+        assert [p.name for p in path.parent.iterdir()] == ["trainer.pt"]
+    assert load_state(path).step == 3

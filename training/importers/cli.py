@@ -14,12 +14,12 @@ import argparse
 import hashlib
 import sys
 import tempfile
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from client.flags import internal_error
 from service.format.checkpoint import is_version_name
 from service.format.manifest import MANIFEST_FILE, Manifest
 from service.format.tokenizer import (
@@ -33,7 +33,7 @@ from service.format.tokenizer import (
 from service.format.writer import write_checkpoint
 from training.importers.hf import load_hf
 from training.importers.nanogpt import load_nanogpt
-from training.importers.options import HF_COMMANDS, build_parser, parse
+from training.importers.options import HF_COMMANDS, PROG, build_parser, parse
 from training.importers.source import ImporterError, SourceTables, reason
 from training.importers.spm_tokenizer import convert
 from training.importers.tokenizer_json import ResolvedTokenizer, resolve
@@ -149,35 +149,23 @@ def _choose_tokenizer(args: argparse.Namespace, tables: SourceTables) -> Choice:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status: 0, 2 with one line for a usage error or
-    a source that cannot be imported, 1 with one line and a log file for an internal
-    error."""
+    a source that cannot be imported, 70 with one line naming a log file for an internal
+    error (a bug)."""
     args = parse(argv, _DESCRIPTION)
     try:
         return _run(args)
     except ImporterError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except OSError as e:  # a file the user named cannot be read or written
         where = f"{e.filename}: " if e.filename else ""
-        print(f"error: {where}{e.strerror or reason(e)}", file=sys.stderr)
+        print(f"{PROG}: error: {where}{e.strerror or reason(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted; nothing written", file=sys.stderr)
+        print(f"{PROG}: error: interrupted; nothing written", file=sys.stderr)
         return 130
     except Exception as e:  # a bug: its traceback goes to a file, the terminal gets one line
-        log = _log_traceback()
-        print(f"error: internal error ({type(e).__name__}); nothing written; traceback in "
-              f"{log}", file=sys.stderr)
-        return 1
-
-
-def _log_traceback() -> str:
-    """Write the current exception's traceback to a new file; its path."""
-    fd, path = tempfile.mkstemp(prefix="training-importers-", suffix=".log")
-    with open(fd, "w", encoding="utf-8") as f:
-        f.write(f"python -m training.importers {' '.join(sys.argv[1:])}\n")
-        traceback.print_exc(file=f)
-    return path
+        return internal_error(PROG, e, note="nothing written")
 
 
 def _run(args: argparse.Namespace) -> int:

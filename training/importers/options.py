@@ -1,7 +1,7 @@
 """``python -m training.importers``' options, each checked before any work is done.
 
 A value that cannot work is a usage error: exit status 2 and one line naming the option
-and what it accepts (``python -m training.importers hf: error: ... (see --help)``), before
+and what it accepts (``python -m training.importers: error: ... (see --help)``), before
 any file of the source is read. ``RULES`` says, for every option of every subcommand, what
 is checked; the tests walk the parser's own options against it, so an option added
 without a rule fails them.
@@ -20,11 +20,13 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
+from client.flags import OneLineParser
 from service.format.checkpoint import is_version_name
 
-__all__ = ["DTYPES", "HF_COMMANDS", "RULES", "build_parser", "parse"]
+__all__ = ["DTYPES", "HF_COMMANDS", "PROG", "RULES", "build_parser", "parse"]
+
+PROG = "python -m training.importers"
 
 DTYPES = ("float32", "float16", "bfloat16")
 HF_COMMANDS = {"hf": None, "hf-gpt2": "gpt2", "hf-llama": "llama"}  # alias -> model_type
@@ -49,13 +51,6 @@ RULES: dict[str, str] = {
     "discover": "a flag (hf, hf-gpt2, hf-llama)",
 }
 _TIKTOKEN_ONLY = ("pat_str", "special_tokens", "encoding")
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse, but a mistake is one line on stderr and exit status 2 (no usage block)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _positive_int(text: str) -> int:
@@ -95,8 +90,8 @@ def _pat_str(text: str) -> str:
 def build_parser(description: str = "") -> argparse.ArgumentParser:
     """The parser, one subparser per importer (values checked by their types here; the
     combinations and paths by ``parse``)."""
-    p = _OneLineParser(prog="python -m training.importers", description=description,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=PROG, description=description,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {"hf": "a Hugging Face model directory (config.json + safetensors), any "
                    "supported model_type",
@@ -150,14 +145,6 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
                             "for a hand-written family, and refuse unless both agree "
                             "(model types without an entry are always discovered)")
     return p
-
-
-def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            found: argparse.ArgumentParser = action.choices[command]
-            return found
-    raise AssertionError(command)  # the parser always has its subcommands
 
 
 def _special_tokens(text: str) -> dict[str, int]:
@@ -237,5 +224,5 @@ def parse(argv: Sequence[str] | None, description: str = "") -> argparse.Namespa
     args = parser.parse_args(argv)
     problem = _check(args)
     if problem is not None:
-        _subparser(parser, args.command).error(problem)
+        parser.error(problem)
     return args

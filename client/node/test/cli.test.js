@@ -14,11 +14,13 @@ const FORM = 'host:port (port 1..65535), [IPv6]:port, dns:///host:port or unix:P
 const TEXT = '{"text": "a"}';
 // Complete command lines but for the option under test.
 const BASE = {
-  embed: { target: ['--target', 'h:1'], request: ['--request', TEXT], timeout: [] },
-  stream: { target: ['--target', 'h:1'], requests: ['--requests', `[${TEXT}]`], timeout: [] },
+  embed: { target: ['--target', 'h:1'], request: ['--request', TEXT], timeout: [], token: [] },
+  stream: { target: ['--target', 'h:1'], requests: ['--requests', `[${TEXT}]`], timeout: [],
+    token: [] },
   infer: { target: ['--target', 'h:1'], request: ['--request', '{"input_ids": [[1]]}'],
-    timeout: [] },
+    timeout: [], token: [] },
 };
+const TOKEN_FORM = 'a token of visible ASCII characters, without spaces or line breaks';
 // command -> option -> [[value, message of the refusal, or null when accepted], ...]
 const CASES = {
   embed: {
@@ -32,6 +34,10 @@ const CASES = {
     timeout: [['0', "--timeout: must be a number of seconds > 0, got '0'"],
       ['Infinity', "--timeout: must be a number of seconds > 0, got 'Infinity'"],
       ['0x10', "--timeout: must be a number of seconds > 0, got '0x10'"], ['2.5', null]],
+    // A token is a secret: the refusal says where it is wrong, never what it is.
+    token: [['s3cret\n', `--token: must be ${TOKEN_FORM}; this one has a line break at character 7 of 7`],
+      ['Bearer x', `--token: must be ${TOKEN_FORM}; this one has a space at character 7 of 8`],
+      ['s3cret', null], ['', null]],
   },
   stream: {
     target: [['h:65536', `--target: must be ${FORM}, got 'h:65536'`], ['unix:/run/e.sock', null]],
@@ -39,12 +45,16 @@ const CASES = {
       [`[${TEXT}, {"text": "b", "compose": "tokens"}]`, "--requests: request 1: compose 'tokens': expected one of token+position, token_plus_position, COMPOSE_TOKEN_PLUS_POSITION, token, token_only, COMPOSE_TOKEN_ONLY, position, position_only, COMPOSE_POSITION_ONLY"],
       ['[]', null]],
     timeout: [['-1', "--timeout: must be a number of seconds > 0, got '-1'"], ['1e1', null]],
+    token: [['tøken', `--token: must be ${TOKEN_FORM}; this one has the character U+00F8 at character 2 of 5`],
+      ['a.b-c_d~', null]],
   },
   infer: {
     target: [['', `--target: must be ${FORM}, got ''`], ['dns:///svc:443', null]],
     request: [['{"input_ids": [[1]], "dtype": "FP16"}', "--request: unknown option 'dtype'; known options: compose, datatype, id, input_ids, model_name, model_version, start_position, text, truncate"],
       ['{"text": ["a"], "datatype": "BF16"}', null]],
     timeout: [['soon', "--timeout: must be a number of seconds > 0, got 'soon'"], ['30', null]],
+    token: [['a\tb', `--token: must be ${TOKEN_FORM}; this one has a space at character 2 of 3`],
+      ['x', null]],
   },
 };
 
@@ -57,9 +67,9 @@ function argvFor(command, name, value) {
   return argv;
 }
 
-function refusal(argv) {
+function refusal(argv, env = {}) {
   try {
-    parseArgs(argv);
+    parseArgs(argv, env);
   } catch (err) {
     assert.ok(err instanceof UsageError, err.stack);
     return err.message;
@@ -88,7 +98,7 @@ test('every option of every command: a refused and an accepted value, as written
 });
 
 test('the command line itself: commands, unknown, repeated, missing and bare options', () => {
-  const known = '--target, --request, --timeout';
+  const known = '--target, --request, --timeout, --token';
   const cases = [
     [[], 'give a command: embed, stream, infer'],
     [['embd'], "COMMAND: must be one of embed, stream, infer, got 'embd'"],
@@ -102,9 +112,20 @@ test('the command line itself: commands, unknown, repeated, missing and bare opt
   ];
   for (const [argv, message] of cases) assert.equal(refusal(argv), message, argv.join(' '));
   assert.deepEqual(parseArgs(['infer', '--help']), { help: true });
-  assert.deepEqual(parseArgs(['embed', '--target', 'h:1', '--request', TEXT, '--timeout', '3']),
+  assert.deepEqual(parseArgs(['embed', '--target', 'h:1', '--request', TEXT, '--timeout', '3'], {}),
     { command: 'embed', values: { target: 'h:1', request: { text: 'a' }, timeout: 3 } });
-  assert.match(usage(), /^usage: cli\.js COMMAND --option VALUE \.\.\.\n/);
+  assert.match(usage(), /^usage: node client\/node\/cli\.js COMMAND --option VALUE \.\.\.\n/);
+});
+
+test('$EMBED_TOKEN: read when --token is not given, checked by the same rule', () => {
+  const argv = ['embed', '--target', 'h:1', '--request', TEXT];
+  assert.equal(parseArgs(argv, { EMBED_TOKEN: 'from-env' }).values.token, 'from-env');
+  assert.equal(parseArgs([...argv, '--token', 'given'], { EMBED_TOKEN: 'from-env' }).values.token,
+    'given');
+  assert.equal(parseArgs(argv, { EMBED_TOKEN: '' }).values.token, undefined); // '' = none
+  assert.equal(parseArgs([...argv, '--token', ''], { EMBED_TOKEN: 'x' }).values.token, undefined);
+  assert.equal(refusal(argv, { EMBED_TOKEN: 'abc\r\n' }),
+    `EMBED_TOKEN: must be ${TOKEN_FORM}; this one has a line break at character 4 of 5`);
 });
 
 test('as a process: --help exits 0; a refusal is one line, exit status 2, nothing sent', () => {

@@ -97,7 +97,8 @@ def test_unknown_model_type_named(tmp_path: Path, capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert "model_type 'no-such-family' has no hand-written entry" in err
     assert err == (
-        f"error: {unknown / 'config.json'}: model_type 'no-such-family' has no hand-written "
+        f"python -m training.importers: error: {unknown / 'config.json'}: model_type "
+        f"'no-such-family' has no hand-written "
         f"entry (those: {', '.join(sorted(FAMILIES))}) and discovery refused it: "
         f"{unknown / 'config.json'}: transformers {tf.__version__} cannot read it (The "
         f"checkpoint you are trying to load has model type `no-such-family` but Transformers "
@@ -123,7 +124,8 @@ def test_max_seq_len_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     capsys.readouterr()
     assert _import(bloom, tmp_path / "b" / "1") == 2
     assert capsys.readouterr().err == (
-        f"error: {bloom / 'config.json'}: bloom states no context length (none of "
+        f"python -m training.importers: error: {bloom / 'config.json'}: bloom states no "
+        f"context length (none of "
         f"max_position_embeddings, n_positions, n_ctx, max_seq_len, max_sequence_length, "
         f"max_seq_length, seq_length, context_length, model_max_length); pass --max-seq-len "
         f"(e.g. 2048 for BLOOM)\n")

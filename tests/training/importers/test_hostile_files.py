@@ -125,7 +125,7 @@ def test_hf_directory(tmp_path: Path, case: str, capsys: pytest.CaptureFixture[s
     capsys.readouterr()
     out = tmp_path / "models" / "m" / "1"
     line = _refused(["hf", str(src), "--out", str(out)], capsys)
-    assert line.startswith("error: "), line
+    assert line.startswith("python -m training.importers: error: "), line
     assert expected in line, line
     assert not out.parent.exists()
 
@@ -161,7 +161,7 @@ def test_nanogpt_ckpt(tmp_path: Path, case: str, expected: str,
         path.write_text("hello")
     line = _refused(["nanogpt", str(path), "--out", str(tmp_path / "models" / "m" / "1")],
                     capsys)
-    assert line.startswith(f"error: {path}: {expected}"), line
+    assert line.startswith(f"python -m training.importers: error: {path}: {expected}"), line
 
 
 def test_tiktoken_file_that_is_not_one(tmp_path: Path,
@@ -172,7 +172,8 @@ def test_tiktoken_file_that_is_not_one(tmp_path: Path,
     capsys.readouterr()
     line = _refused(["hf", str(src), "--tokenizer", str(ranks), "--out",
                      str(tmp_path / "models" / "m" / "1")], capsys)
-    assert line.startswith(f"error: {ranks}: not a tiktoken ranks file this importer can "
+    assert line.startswith(f"python -m training.importers: error: {ranks}: not a tiktoken "
+                           f"ranks file this importer can "
                            f"read ("), line
 
 

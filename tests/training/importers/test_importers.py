@@ -174,7 +174,7 @@ def test_corrupt_safetensors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     src = _fake_hf_dir(tmp_path / "src", {"wte.weight": torch.zeros(4, 8)})
     (src / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json")
     assert main(["hf-gpt2", str(src), "--out", str(tmp_path / "m" / "1")]) == 2
-    assert capsys.readouterr().err.startswith("error: ")
+    assert capsys.readouterr().err.startswith("python -m training.importers: error: ")
     assert not (tmp_path / "m").exists()
 
 
@@ -214,7 +214,7 @@ def test_existing_version_refused(gpt2_model: tuple[Path, Any], tmp_path: Path,
         main(["hf-gpt2", str(src), "--out", str(out)])
     assert exc.value.code == 2
     assert capsys.readouterr().err == (
-        f"python -m training.importers hf-gpt2: error: --out {out}: exists; versions are "
+        f"python -m training.importers: error: --out {out}: exists; versions are "
         f"immutable, name a new version (see --help)\n")
     assert list(out.iterdir()) == []
 
@@ -270,7 +270,7 @@ def test_hf_llama_bad_special_tokens(tmp_path: Path, capsys: pytest.CaptureFixtu
               str(default_ranks_path()), "--special-tokens", "[1, 2]"])
     assert exc.value.code == 2
     assert capsys.readouterr().err == (
-        "python -m training.importers hf-llama: error: --special-tokens '[1, 2]': accepts a "
+        "python -m training.importers: error: --special-tokens '[1, 2]': accepts a "
         "JSON object of token -> id (id >= 0), or a file holding one; only with --tokenizer "
         "(see --help)\n")
     assert not (tmp_path / "m").exists()
@@ -325,7 +325,8 @@ def test_nanogpt_refuses_pickled_objects(tmp_path: Path,
     torch.save({"model": {}, "model_args": {}, "payload": _NotAllowed()}, path)
     assert main(["nanogpt", str(path), "--out", str(tmp_path / "m" / "1")]) == 2
     assert capsys.readouterr().err == (
-        f"error: {path}: holds Python objects besides tensors and plain containers "
+        f"python -m training.importers: error: {path}: holds Python objects besides "
+        f"tensors and plain containers "
         f"(tests.training.importers.test_importers._NotAllowed): refused; a checkpoint is read as "
         f"data, never as code\n")
     assert not (tmp_path / "m").exists()
@@ -443,7 +444,7 @@ def test_every_option_has_a_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                     main(argv)
                 err = capsys.readouterr().err
                 assert exc.value.code == 2, argv
-                assert err.startswith(f"python -m training.importers {command}: error: "
+                assert err.startswith("python -m training.importers: error: "
                                       f"{expected}"), (argv, err)
                 assert err.endswith(" (see --help)\n"), err
                 assert err.count("\n") == 1, err
@@ -486,11 +487,11 @@ def test_internal_error_is_one_line_and_a_log(tmp_path: Path, monkeypatch: pytes
     import tempfile
     monkeypatch.setattr(tempfile, "tempdir", None)
     (tmp_path / "src").mkdir()
-    assert main(["hf", str(tmp_path / "src"), "--out", str(tmp_path / "m" / "1")]) == 1
+    assert main(["hf", str(tmp_path / "src"), "--out", str(tmp_path / "m" / "1")]) == 70
     err = capsys.readouterr().err
-    [log] = list(tmp_path.glob("training-importers-*.log"))
-    assert err == (f"error: internal error (RuntimeError); nothing written; traceback in "
-                   f"{log}\n")
+    [log] = list(tmp_path.glob("python-m-training-importers-internal-error-*.log"))
+    assert err == (f"python -m training.importers: internal error (RuntimeError); nothing "
+                   f"written; please report it with the log {log}\n")
     text = log.read_text()
     assert "Traceback (most recent call last)" in text
     assert 'RuntimeError: a bug\n  File "x.py", line 3' in text

@@ -123,7 +123,7 @@ def _assert_refused(err: str, expected: str, marker: Path, out: Path) -> None:
     assert list(marker.iterdir()) == [], "a file of the model directory ran"
     lines = err.splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith(f"error: {expected}"), lines[0]
+    assert lines[0].startswith(f"python -m training.importers: error: {expected}"), lines[0]
     assert lines[0].endswith("refused; files in a model directory are data and are never run")
     assert_safe_message(lines[0])
     assert not out.parent.exists()
@@ -172,7 +172,7 @@ def test_nanogpt_given_the_directory(tmp_path: Path, capsys: pytest.CaptureFixtu
         main(["nanogpt", str(src), "--out", str(tmp_path / "models" / "m" / "1")])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err == (f"python -m training.importers nanogpt: error: CKPT {src}: not a file; "
+    assert err == (f"python -m training.importers: error: CKPT {src}: not a file; "
                    f"accepts an existing file (nanoGPT's ckpt.pt) (see --help)\n")
     assert list(marker.iterdir()) == []
 
