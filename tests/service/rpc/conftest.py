@@ -15,7 +15,7 @@ from service.local import ServerHandle
 from tests.service.rpc.fuzz_oracle import SERVER_CONFIG
 from tests.tiny_model import start
 
-__all__ = ["cpu_server", "fuzz_server", "limited_server", "native"]
+__all__ = ["fuzz_server", "limited_server", "native"]
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +23,6 @@ def native(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
     """A native stub on the shared server: the reference every other wire's answer equals."""
     with grpc.insecure_channel(server.target) as channel:
         yield pb_grpc.EmbeddingServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def cpu_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """Tables on the CPU whatever EMBED_TEST_DEVICE says (gpu.sh runs these tests on a GPU):
-    the server that refuses CUDA shared memory."""
-    with start(tiny_repo, device="cpu") as handle:
-        yield handle
 
 
 @pytest.fixture(scope="module")
