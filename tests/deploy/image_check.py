@@ -136,20 +136,33 @@ def reference(repo: Path, ids: list[int], start: int) -> bytes:
     return rows.to(torch.float32).numpy().tobytes()
 
 
-def health(target: str) -> int:
+def serving(target: str, service: str = "", timeout: float = 2.0) -> bool:
+    """Whether gRPC health says ``service`` is SERVING at ``target`` (False: any other
+    status, or no answer within ``timeout``)."""
+    try:
+        with grpc.insecure_channel(target) as ch:
+            status = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
+    except grpc.RpcError:
+        return False
+    return bool(status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def model_infer(target: str, model: str) -> oip.ModelInferResponse:
+    """OIP ModelInfer of IDS (INT64 [1, T]) from ``model`` at ``target``."""
+    tensor = oip.ModelInferRequest.InferInputTensor
+    request = oip.ModelInferRequest(model_name=model, inputs=[tensor(
+        name="input_ids", datatype="INT64", shape=[1, len(IDS)],
+        contents=oip.InferTensorContents(int64_contents=IDS))])
     with grpc.insecure_channel(target) as ch:
-        return int(health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=2).status)
+        return oip_grpc.GRPCInferenceServiceStub(ch).ModelInfer(request, timeout=30)
 
 
 def wait_serving(target: str, container: str, deadline_s: float) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
-        try:
-            if health(target) == health_pb2.HealthCheckResponse.SERVING:
-                return time.monotonic() - t0
-        except grpc.RpcError:
-            pass
+        if serving(target):
+            return time.monotonic() - t0
         if not inspect(container, ".State.Running"):
             raise RuntimeError("container exited: " + docker("logs", container).stderr[-2000:])
         time.sleep(0.1)
@@ -278,13 +291,8 @@ def serve_checks(report: Report, image: str, label: str, work: Path) -> None:
                     f"position {START_POSITION}: bit-exact (version {by_ids.version}, "
                     f"checkpoint {by_ids.checkpoint_id[:12]})")
 
-        def model_infer() -> str:
-            tensor = oip.ModelInferRequest.InferInputTensor
-            request = oip.ModelInferRequest(model_name=MODEL, inputs=[tensor(
-                name="input_ids", datatype="INT64", shape=[1, len(IDS)],
-                contents=oip.InferTensorContents(int64_contents=IDS))])
-            with grpc.insecure_channel(target) as ch:
-                resp = oip_grpc.GRPCInferenceServiceStub(ch).ModelInfer(request, timeout=30)
+        def infer() -> str:
+            resp = model_infer(target, MODEL)
             out = resp.outputs[0]
             assert (out.name, out.datatype, list(out.shape)) == (
                 "embeddings", "FP32", [1, len(IDS), DIM]), out
@@ -292,7 +300,7 @@ def serve_checks(report: Report, image: str, label: str, work: Path) -> None:
             return f"[1x{len(IDS)}x{DIM}] FP32 bit-exact"
 
         report.attempt("native Embed (project client) bit-exact", embed)
-        report.attempt("OIP ModelInfer bit-exact", model_infer)
+        report.attempt("OIP ModelInfer bit-exact", infer)
 
         def http_infer() -> str:
             body = json.dumps({
