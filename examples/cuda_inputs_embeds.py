@@ -25,7 +25,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -37,10 +36,14 @@ from client import EmbeddingClient, EmbeddingError
 from client.cuda_shm import CudaSharedMemoryRegion
 
 try:  # imported as examples.cuda_inputs_embeds
-    from examples.hf_inputs_embeds import HFInputs, build_hf_gpt2, import_hf_gpt2
+    from examples.hf_inputs_embeds import HFInputs, lacks_transformers, random_gpt2
 except ImportError:  # run as a script: its sibling file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from hf_inputs_embeds import HFInputs, build_hf_gpt2, import_hf_gpt2  # type: ignore[no-redef]
+    from hf_inputs_embeds import (  # type: ignore[no-redef]
+        HFInputs,
+        lacks_transformers,
+        random_gpt2,
+    )
 
 __all__ = ["fetch_inputs_on_gpu", "main", "serve_on_gpu"]
 
@@ -143,11 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="hf-gpt2", help="model name in the repository")
     parser.add_argument("--seed", type=int, default=0, help="random init of the local model")
     args = parser.parse_args(argv)
-    try:
-        import transformers
-    except ImportError:
-        parser.exit(2, f"{parser.prog}: needs transformers, which `make setup` installs; in "
-                       f"the `make run` environment: .venv/bin/pip install transformers==5.24.0\n")
+    if lacks_transformers(parser.prog):
+        return 2
     if not torch.cuda.is_available():
         parser.exit(2, f"{parser.prog}: needs a CUDA device (torch sees none here): the rows "
                        f"go to GPU memory; examples/hf_inputs_embeds.py is the same on CPU\n")
@@ -155,17 +155,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--target and --hf-dir go together")
 
     if args.target is not None:
+        import transformers
+
         model = transformers.GPT2LMHeadModel.from_pretrained(args.hf_dir, local_files_only=True)
         with EmbeddingClient(args.target, timeout=30) as client:
             same = _report(model, client, args.text, args.model, args.start_position)
         return 0 if same else 1
-    with tempfile.TemporaryDirectory(prefix="cuda-inputs-embeds-") as tmp:
-        hf_dir, repository = Path(tmp) / "hf", Path(tmp) / "models"
-        model = build_hf_gpt2(hf_dir, seed=args.seed)
-        import_hf_gpt2(hf_dir, repository, args.model)
-        with serve_on_gpu(repository, args.model) as target, \
-                EmbeddingClient(target, timeout=30) as client:
-            same = _report(model, client, args.text, args.model, args.start_position)
+    with random_gpt2(args.model, seed=args.seed) as (model, repository), \
+            serve_on_gpu(repository, args.model) as target, \
+            EmbeddingClient(target, timeout=30) as client:
+        same = _report(model, client, args.text, args.model, args.start_position)
     return 0 if same else 1
 
 
