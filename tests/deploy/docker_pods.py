@@ -24,8 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.deploy.image_check import serving
 from tests.deploy.pod_specs import Container
+from tests.deploy.served import serving
 
 __all__ = ["Pod", "Prober", "docker", "quantity", "run_argv"]
 

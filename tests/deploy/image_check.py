@@ -32,23 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import EmbeddingClient
-from genproto.inference.v2 import grpc_service_pb2 as oip
-from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
 from service.format.checkpoint import EMBEDDINGS_FILE, read_checkpoint
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from service.format.writer import write_checkpoint
+from tests.deploy.served import IDS, model_infer, serving
 
 IMAGE_UID = 10001  # the Dockerfiles' USER 10001:10001
 STOP_GRACE_S = 30  # docs/deploy.md: docker stop -t 30 (the server drains for 10 s at most)
 MODEL = "tiny"
 LOCKED = "locked"  # a version whose tables only their writer may read
-IDS = [31373, 995, 11, 50256, 0, 1000, 50000]
 TEXT = "The container image, built and run for real."
 START_POSITION = 3
 DIM, MAX_SEQ_LEN, TABLE_ROWS, VOCAB = 64, 128, 50304, 50257
@@ -134,28 +130,6 @@ def reference(repo: Path, ids: list[int], start: int) -> bytes:
     idx = torch.tensor(ids)
     rows = ckpt.token_table[idx] + ckpt.position_table[start:start + len(ids)]  # (T, C)
     return rows.to(torch.float32).numpy().tobytes()
-
-
-def serving(target: str, service: str = "", timeout: float = 2.0) -> bool:
-    """Whether gRPC health says ``service`` is SERVING at ``target`` (False: any other
-    status, or no answer within ``timeout``)."""
-    try:
-        with grpc.insecure_channel(target) as ch:
-            status = health_pb2_grpc.HealthStub(ch).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
-    except grpc.RpcError:
-        return False
-    return bool(status == health_pb2.HealthCheckResponse.SERVING)
-
-
-def model_infer(target: str, model: str) -> oip.ModelInferResponse:
-    """OIP ModelInfer of IDS (INT64 [1, T]) from ``model`` at ``target``."""
-    tensor = oip.ModelInferRequest.InferInputTensor
-    request = oip.ModelInferRequest(model_name=model, inputs=[tensor(
-        name="input_ids", datatype="INT64", shape=[1, len(IDS)],
-        contents=oip.InferTensorContents(int64_contents=IDS))])
-    with grpc.insecure_channel(target) as ch:
-        return oip_grpc.GRPCInferenceServiceStub(ch).ModelInfer(request, timeout=30)
 
 
 def wait_serving(target: str, container: str, deadline_s: float) -> float:

@@ -19,9 +19,10 @@ from typing import Any
 from client import EmbeddingClient, EmbeddingError
 from service.format.checkpoint import read_checkpoint
 from tests.deploy.docker_pods import Pod, Prober, docker, run_argv
-from tests.deploy.image_check import IDS, Report, model_infer, serving
+from tests.deploy.image_check import Report
 from tests.deploy.pod_specs import containers
 from tests.deploy.scenario_jobs import JobRun
+from tests.deploy.served import IDS, model_infer, serving
 
 __all__ = ["IDS", "ServedChecks", "hf_source", "kserve_infer"]
 
