@@ -25,7 +25,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -41,9 +40,9 @@ try:  # imported as examples.cuda_inputs_embeds
         RELATIONS,
         RULES,
         HFInputs,
-        build_hf_gpt2,
-        import_hf_gpt2,
+        lacks_transformers,
         load_hf_gpt2,
+        random_gpt2,
     )
 except ImportError:  # run as a script: its sibling file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,9 +50,9 @@ except ImportError:  # run as a script: its sibling file
         RELATIONS,
         RULES,
         HFInputs,
-        build_hf_gpt2,
-        import_hf_gpt2,
+        lacks_transformers,
         load_hf_gpt2,
+        random_gpt2,
     )
 
 __all__ = ["RELATIONS", "RULES", "ServerDidNotStart", "build_parser", "fetch_inputs_on_gpu",
@@ -185,11 +184,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison on the GPU; exit status 0 when rows and logits are bit-identical."""
     args = parse_args(argv)
-    try:
-        import transformers  # noqa: F401  (the HF side of the comparison)
-    except ImportError:
-        print(f"{PROG}: needs transformers, which `make setup` installs; in the `make run` "
-              f"environment: .venv/bin/pip install transformers==5.24.0", file=sys.stderr)
+    if lacks_transformers(PROG):
         return 2
     if not torch.cuda.is_available():
         print(f"{PROG}: needs a CUDA device (torch sees none here): the rows go to GPU "
@@ -218,13 +213,10 @@ def _main(args: argparse.Namespace) -> int:
         with EmbeddingClient(args.target, timeout=30) as client:
             same = _report(model, client, args.text, args.model, args.start_position)
         return 0 if same else 1
-    with tempfile.TemporaryDirectory(prefix="cuda-inputs-embeds-") as tmp:
-        hf_dir, repository = Path(tmp) / "hf", Path(tmp) / "models"
-        model = build_hf_gpt2(hf_dir, seed=args.seed)
-        import_hf_gpt2(hf_dir, repository, args.model)
-        with serve_on_gpu(repository, args.model) as target, \
-                EmbeddingClient(target, timeout=30) as client:
-            same = _report(model, client, args.text, args.model, args.start_position)
+    with random_gpt2(args.model, seed=args.seed) as (model, repository), \
+            serve_on_gpu(repository, args.model) as target, \
+            EmbeddingClient(target, timeout=30) as client:
+        same = _report(model, client, args.text, args.model, args.start_position)
     return 0 if same else 1
 
 

@@ -17,9 +17,10 @@ Without ``--target`` the script builds everything itself, offline: a small rando
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,13 @@ __all__ = [
     "build_parser",
     "fetch_inputs",
     "import_hf_gpt2",
+    "lacks_transformers",
     "load_hf_gpt2",
     "logits_both_ways",
     "main",
     "parse_args",
+    "random_gpt2",
+    "run_example",
 ]
 
 
@@ -75,6 +79,18 @@ def import_hf_gpt2(hf_dir: Path, repository: Path, name: str) -> Path:
     if import_main(["hf-gpt2", str(hf_dir), "--out", str(out)]) != 0:
         raise RuntimeError(f"import of {hf_dir} failed (see stderr)")
     return out
+
+
+@contextlib.contextmanager
+def random_gpt2(name: str, seed: int = 0, **sizes: int) -> Iterator[tuple[Any, Path]]:
+    """A random GPT-2 (``build_hf_gpt2``'s, of ``sizes``) saved in a temporary directory, its
+    tables imported as version 1 of ``name`` into a repository beside it: (the model, the
+    repository), both removed on exit."""
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        hf_dir, repository = Path(tmp) / "hf", Path(tmp) / "models"
+        model = build_hf_gpt2(hf_dir, seed=seed, **sizes)
+        import_hf_gpt2(hf_dir, repository, name)
+        yield model, repository
 
 
 def fetch_inputs(client: EmbeddingClient, text: str, *, model: str = "",
@@ -180,22 +196,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return flags.parse(build_parser(), RULES, argv, RELATIONS)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the comparison; exit status 0 when the logits are bit-identical."""
-    args = parse_args(argv)
+def lacks_transformers(prog: str) -> bool:
+    """True, said in one line on stderr, where transformers is not installed (the `make run`
+    environment has none): the examples that run a HF model need it."""
     try:
         import transformers  # noqa: F401  (the HF side of the comparison)
     except ImportError:
-        print(f"{PROG}: needs transformers, which `make setup` installs; in the `make run` "
+        print(f"{prog}: needs transformers, which `make setup` installs; in the `make run` "
               f"environment: .venv/bin/pip install transformers==5.24.0", file=sys.stderr)
+        return True
+    return False
+
+
+def run_example(prog: str, args: argparse.Namespace,
+                body: Callable[[argparse.Namespace], int]) -> int:
+    """An example that runs a HF model beside the service: without transformers, one line
+    and status 2; else ``body(args)``, whose service refusal (or why there was none) is one
+    line and status 1, and a bug one line naming its log."""
+    if lacks_transformers(prog):
         return 2
     try:
-        return _main(args)
+        return body(args)
     except EmbeddingError as e:  # the service's answer, or why there was none
-        print(f"{PROG}: {args.target or 'the local server'}: {e}", file=sys.stderr)
+        print(f"{prog}: {args.target or 'the local server'}: {e}", file=sys.stderr)
         return 1
     except Exception as e:  # a bug: its traceback to a file, one line here
-        return flags.internal_error(PROG, e)
+        return flags.internal_error(prog, e)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison; exit status 0 when the logits are bit-identical."""
+    return run_example(PROG, parse_args(argv), _main)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -209,13 +240,10 @@ def _main(args: argparse.Namespace) -> int:
         with EmbeddingClient(args.target, timeout=30) as client:
             same = _report(model, client, args.text, args.model, args.start_position)
         return 0 if same else 1
-    with tempfile.TemporaryDirectory(prefix="hf-inputs-embeds-") as tmp:
-        hf_dir, repository = Path(tmp) / "hf", Path(tmp) / "models"
-        model = build_hf_gpt2(hf_dir, seed=args.seed)
-        import_hf_gpt2(hf_dir, repository, args.model)
-        with start_local(repository, args.model) as server, \
-                EmbeddingClient(server.target, timeout=30) as client:
-            same = _report(model, client, args.text, args.model, args.start_position)
+    with random_gpt2(args.model, seed=args.seed) as (model, repository), \
+            start_local(repository, args.model) as server, \
+            EmbeddingClient(server.target, timeout=30) as client:
+        same = _report(model, client, args.text, args.model, args.start_position)
     return 0 if same else 1
 
 

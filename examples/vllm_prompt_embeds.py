@@ -27,7 +27,6 @@ import argparse
 import base64
 import io
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,10 +34,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from client import EmbeddingClient, EmbeddingError, flags
+from client import EmbeddingClient, flags
 from client.codec import Embedding
 from client.grammar import TARGET
 from service.local import start_local
+
+try:  # imported as examples.vllm_prompt_embeds
+    from examples.hf_inputs_embeds import random_gpt2, run_example
+except ImportError:  # run as a script: its sibling file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hf_inputs_embeds import random_gpt2, run_example  # type: ignore[no-redef]
 
 __all__ = [
     "RELATIONS",
@@ -93,22 +98,6 @@ def completions_body(prompt: dict[str, Any], model: str, max_tokens: int = 16
             "max_tokens": max_tokens}
 
 
-def _build_gpt2(repository: Path, name: str, seed: int) -> Path:
-    """A small random HF GPT-2 (the directory vLLM would load), tables imported."""
-    import transformers
-
-    from training.importers import main as import_main
-
-    torch.manual_seed(seed)
-    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=64,
-                                     n_layer=1, n_head=4)
-    hf_dir = repository.parent / "hf-gpt2"
-    transformers.GPT2LMHeadModel(config).save_pretrained(hf_dir, safe_serialization=True)
-    if import_main(["hf-gpt2", str(hf_dir), "--out", str(repository / name / "1")]) != 0:
-        raise RuntimeError(f"import of {hf_dir} failed (see stderr)")
-    return hf_dir
-
-
 def _show(client: EmbeddingClient, text: str, model: str, dtype: str) -> None:
     prompt = embeds_prompt(client, text, model=model, dtype=dtype)
     t = prompt["prompt_embeds"]
@@ -157,29 +146,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Build and print the request objects (vLLM is not called)."""
-    args = parse_args(argv)
-    try:
-        import transformers  # noqa: F401  (the HF side of the comparison)
-    except ImportError:
-        print(f"{PROG}: needs transformers, which `make setup` installs; in the `make run` "
-              f"environment: .venv/bin/pip install transformers==5.24.0", file=sys.stderr)
-        return 2
-    try:
-        if args.target is not None:
-            with EmbeddingClient(args.target, timeout=30, raw_bfloat16=True) as client:
-                _show(client, args.text, args.model or "", args.dtype)
-            return 0
-        with tempfile.TemporaryDirectory(prefix="vllm-prompt-embeds-") as tmp:
-            repository = Path(tmp) / "models"
-            _build_gpt2(repository, "gpt2", seed=0)
-            with start_local(repository, "gpt2") as server, \
-                    EmbeddingClient(server.target, timeout=30, raw_bfloat16=True) as client:
-                _show(client, args.text, "gpt2", args.dtype)
-    except EmbeddingError as e:  # the service's answer, or why there was none
-        print(f"{PROG}: {args.target or 'the local server'}: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:  # a bug: its traceback to a file, one line here
-        return flags.internal_error(PROG, e)
+    return run_example(PROG, parse_args(argv), _main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.target is not None:
+        with EmbeddingClient(args.target, timeout=30, raw_bfloat16=True) as client:
+            _show(client, args.text, args.model or "", args.dtype)
+        return 0
+    # A small random GPT-2, the directory vLLM would load, its tables served here.
+    with random_gpt2("gpt2", n_embd=64, n_layer=1) as (_, repository), \
+            start_local(repository, "gpt2") as server, \
+            EmbeddingClient(server.target, timeout=30, raw_bfloat16=True) as client:
+        _show(client, args.text, "gpt2", args.dtype)
     return 0
 
 

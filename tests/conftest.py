@@ -140,6 +140,14 @@ def server(tiny_repo: Path) -> Iterator[ServerHandle]:
     handle.stop()
 
 
+@pytest.fixture(scope="module")
+def cpu_server(tiny_repo: Path) -> Iterator[ServerHandle]:
+    """Tables on the CPU whatever EMBED_TEST_DEVICE says (gpu.sh runs the tests on a GPU):
+    the server that refuses CUDA shared memory."""
+    with start(tiny_repo, device="cpu") as handle:
+        yield handle
+
+
 @pytest.fixture(scope="session")
 def case_servers(server: ServerHandle, tiny_repo: Path) -> Iterator[dict[str, ServerHandle]]:
     """The servers the shared OIP request table names (tests/oip_cases.py): "tiny" is the

@@ -2,20 +2,32 @@
 
 Every parameter is redrawn at random (not HF's init, which leaves LayerNorms at 1 and 0
 and would hide a missing weight or bias), then saved with ``save_pretrained`` (safetensors).
+``served_models`` imports a set of them with the real importer and serves them, and
+``served_rows`` asks that server for rows, to hold against ``reference``.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
 import torch
 import transformers as tf
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from client import EmbeddingClient
+from service.local import ServerHandle
+from tests.tiny_model import start
+from training.importers import main as import_main
 
 __all__ = ["DISCOVERY_MODELS", "FAMILY_MODELS", "HIDDEN", "LEARNED", "MAX_POS", "OUTSIDE_MODELS",
-           "VOCAB", "build", "reference", "save"]
+           "VOCAB", "build", "metaspace_bpe", "one_thread", "reference", "save", "served_models",
+           "served_rows"]
 
 VOCAB = 96
 HIDDEN = 24  # sqrt(24) = 4.898979...: Gemma's scale is not exact in bf16 (4.90625)
@@ -86,6 +98,60 @@ def reference(model: Any, name: str, ids: list[int], start: int) -> tuple[torch.
         hidden = model(input_ids=x, **kwargs).hidden_states[0][0]  # (T, C)
         token = model.get_input_embeddings()(x)[0]  # (T, dim)
     return hidden, token
+
+
+def metaspace_bpe(corpus: list[str], vocab_size: int) -> Tokenizer:
+    """Llama 2 / Mistral's tokenizer shape, trained on ``corpus``: a Metaspace BPE with
+    <unk>, <s> and </s> (ids 0, 1, 2), whose file's post-processor adds BOS."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"]))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B:1", special_tokens=[("<s>", 1)])
+    return tok
+
+
+@contextmanager
+def served_models(tmp: Path, models: Mapping[str, tuple[str, torch.dtype]], default_model: str,
+                  prepare: Callable[[Path], object] = lambda src: None
+                  ) -> Iterator[tuple[ServerHandle, dict[str, Any]]]:
+    """Each of ``models`` (name -> (family, dtype)) built with its own seed (its place in
+    ``models``), saved under ``tmp/src/<name>`` and handed to ``prepare``, imported by the
+    real importer into ``tmp/models`` and served there by one server; yields the server and
+    the transformers models by name."""
+    built: dict[str, Any] = {}
+    for seed, (name, (family, dtype)) in enumerate(models.items()):
+        built[name] = build(family, seed=seed, dtype=dtype)
+        src = save(built[name], tmp / "src" / name)
+        prepare(src)
+        args = ["hf", str(src), "--out", str(tmp / "models" / name / "1")]
+        if family == "bloom":  # ALiBi: no max_position_embeddings in its config
+            args += ["--max-seq-len", str(MAX_POS)]
+        assert import_main(args) == 0
+    with start(tmp / "models", default_model=default_model, metrics_port=-1) as handle:
+        yield handle, built
+
+
+def served_rows(handle: ServerHandle, model: str, ids: list[int], **options: Any
+                ) -> torch.Tensor:
+    """The server's rows for ``ids`` (T, C) as float32 (bf16 widened exactly)."""
+    with EmbeddingClient(handle.target) as c:
+        e = c.embed(ids=ids, model=model, **options)
+    return torch.from_numpy(np.array(e.array))
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Autouse where imported: the reference runs with the server's torch thread count
+    (--torch-threads, 1 here). OPT's project_in is a GEMM, and a GEMM's rounding depends on
+    how it is split across threads (test_families.test_project_in_depends_on_threads);
+    torch.set_num_threads is per thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # Families without a hand-written entry: imported through discovery only. Decoders with

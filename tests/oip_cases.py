@@ -12,6 +12,7 @@ message, or an answer's shape, sequence lengths and bytes, which are the native
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,17 @@ import grpc
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 
-__all__ = ["CASES", "SERVERS", "OipCase", "Outcome", "check", "expected"]
+__all__ = ["CASES", "COMPOSE", "DATATYPES", "SERVERS", "OipCase", "Outcome", "check",
+           "expected", "native_rows"]
 
 TABLE = Path(__file__).with_name("vectors") / "oip_cases.json"
 _DOC = json.loads(TABLE.read_text())
 SERVERS: dict[str, dict[str, Any]] = _DOC["servers"]
-_COMPOSE = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITION,
-            "token_only": pb.COMPOSE_TOKEN_ONLY, "position_only": pb.COMPOSE_POSITION_ONLY}
-_DTYPE = {"FP32": (pb.DTYPE_FLOAT32, 4), "FP16": (pb.DTYPE_FLOAT16, 2),
-          "BF16": (pb.DTYPE_BFLOAT16, 2)}
+# The OIP parameters' values as the native API's enums, for the native answer a peer's equals.
+COMPOSE = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITION,
+           "token_only": pb.COMPOSE_TOKEN_ONLY, "position_only": pb.COMPOSE_POSITION_ONLY}
+DATATYPES = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16, "BF16": pb.DTYPE_BFLOAT16}
+_ITEMSIZE = {"FP32": 4, "FP16": 2, "BF16": 2}
 
 
 @dataclass(frozen=True)
@@ -90,11 +93,11 @@ def expected(target: str, case: OipCase) -> tuple[list[int], list[int], bytes]:
     """A valid row's answer from the native API of the same server: the embeddings' shape
     [B, T, C], the sequence lengths, and the rows (each sequence zero-padded to T)."""
     params = dict(case.request.get("parameters", {}))
-    dtype, itemsize = _DTYPE[params.pop("datatype", "FP32")]
-    fields: dict[str, Any] = {"model": case.model, "dtype": dtype,
+    datatype = params.pop("datatype", "FP32")
+    fields: dict[str, Any] = {"model": case.model, "dtype": DATATYPES[datatype],
                               "version": int(case.version or 0),
                               "start_position": params.pop("start_position", 0),
-                              "compose": _COMPOSE[params.pop("compose", "token_plus_position")]}
+                              "compose": COMPOSE[params.pop("compose", "token_plus_position")]}
     assert not params, f"{case.name}: the oracle does not know parameters {sorted(params)}"
     sequences: list[dict[str, Any]] = (
         [{"token_ids": pb.TokenIds(ids=ids)} for ids in case.request["ids"]]
@@ -106,9 +109,17 @@ def expected(target: str, case: OipCase) -> tuple[list[int], list[int], bytes]:
                    for s in sequences]
     lengths = [a.embeddings.shape[0] for a in answers]
     T, C = max(lengths), answers[0].embeddings.shape[1]
-    rows = b"".join(a.embeddings.data + bytes((T - n) * C * itemsize)
+    rows = b"".join(a.embeddings.data + bytes((T - n) * C * _ITEMSIZE[datatype])
                     for a, n in zip(answers, lengths, strict=True))
     return [len(answers), T, C], lengths, rows
+
+
+def native_rows(stub: pb_grpc.EmbeddingServiceStub, sequences: Iterable[Sequence[int]],
+                **fields: Any) -> bytes:
+    """The native Embed of each sequence of ids with ``fields``, the rows one after another:
+    the bytes an infer of those sequences (all of one length) must return."""
+    return b"".join(stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=ids), **fields)
+                               ).embeddings.data for ids in sequences)
 
 
 def check(target: str, case: OipCase, got: Outcome, http: bool) -> None:

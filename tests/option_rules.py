@@ -11,7 +11,7 @@ value fails the walk, naming it.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pytest
 
@@ -19,6 +19,16 @@ from client.flags import actions
 
 Case = tuple[Sequence[str], str | None]
 Cases = Mapping[str, Sequence[Case]]
+# (option, a value it refuses, what it accepts, a value it accepts)
+OneEach = tuple[str, str, str, str]
+
+
+def one_each(refused: Callable[[str, str, str], Case], rows: Iterable[OneEach]
+             ) -> dict[str, list[Case]]:
+    """The cases of the options one refused and one accepted value show, by dest: each row's
+    refusal as ``refused(option, value, accepts)`` words it, then its accepted value."""
+    return {option[2:].replace("-", "_"): [refused(option, bad, accepts), ([option, good], None)]
+            for option, bad, accepts, good in rows}
 
 
 def outcome(run: Callable[[list[str]], object], argv: Sequence[str],

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-__all__ = ["MISSING", "PlotsUnavailable", "plot_losses", "pyplot"]
+__all__ = ["MISSING", "PlotsUnavailable", "plot_losses", "pyplot", "write_loss_plot"]
 
 MISSING = ("matplotlib is not installed: plots are an extra "
            "(pip install -e '.[train]' or '.[bench]'; scripts/setup.sh dev installs it)")
@@ -47,12 +48,19 @@ def plot_losses(history: list[dict[str, float]], unigram_val_loss: float, path: 
     evals = [h for h in history if "val_loss" in h]
     ax.plot([h["step"] for h in evals], [h["val_loss"] for h in evals], "o-", label="val")
     ax.axhline(unigram_val_loss, color="gray", linestyle="--", label="unigram baseline (val)")
+    return write_loss_plot(fig, ax, path)
+
+
+def write_loss_plot(fig: Any, ax: Any, path: Path, legend_fontsize: float | None = None
+                    ) -> Path:
+    """Label the axes of a loss-per-step figure, write it to ``path`` as a PNG (its
+    directory made) and close it."""
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats)")
-    ax.legend()
+    ax.legend(fontsize=legend_fontsize)
     ax.grid(alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
+    pyplot().close(fig)
     return path

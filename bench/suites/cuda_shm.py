@@ -40,6 +40,7 @@ import torch
 
 from bench.harness.checkpoint import MODEL_NAME, VOCAB_SIZE, Shape, ensure_model
 from bench.harness.launch import free_port, launch, service_argv, stop, wait_serving
+from bench.harness.timing import median_seconds
 from client.cuda_shm import CudaSharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
@@ -50,21 +51,6 @@ __all__ = ["main"]
 
 DIM = 768
 EMBED = "/embedding.v1.EmbeddingService/Embed"
-
-
-def _median_event_s(fn: Any, reps: int) -> float:
-    """Median seconds of ``fn()`` on the current CUDA stream, after two warm-ups."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 async def _rate(target: str, requests: list[bytes], seconds: float, channels: int = 4
@@ -139,13 +125,14 @@ def run(args: argparse.Namespace, target: str) -> dict[str, Any]:
             result[name] = {"compute_us": round(s * 1e6, 1), "GB_per_s": round(moved / s / 1e9, 1)}
         src = torch.empty(B * answer, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
-        ceiling = 2 * B * answer / _median_event_s(lambda: dst.copy_(src), args.reps) / 1e9
+        cuda = torch.device("cuda")
+        ceiling = 2 * B * answer / median_seconds(lambda: dst.copy_(src), cuda, args.reps) / 1e9
         tables = EmbeddingTables(torch.randn(VOCAB_SIZE, DIM, generator=gen),
-                                 torch.randn(T, DIM, generator=gen), torch.device("cuda"))
+                                 torch.randn(T, DIM, generator=gen), cuda)
         ids = torch.tensor([i for s in seqs[:B] for i in s])  # (B*T,)
         out = torch.empty(B * T, DIM, device="cuda")  # (B*T, C)
-        write = _median_event_s(lambda: write_rows(tables, ids, [(0, T)] * B, 0, out),
-                                args.reps)
+        write = median_seconds(lambda: write_rows(tables, ids, [(0, T)] * B, 0, out), cuda,
+                               args.reps)
         result["copy_GB_per_s"] = round(ceiling, 1)
         result["write_rows"] = {"us": round(write * 1e6, 1),
                                 "GB_per_s": round(moved / write / 1e9, 1)}

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from bench.harness.timing import median_seconds
 from service.engine.tables import COMPOSE_TOKEN_PLUS_POSITION, EmbeddingTables
 
 __all__ = ["TABLES", "main", "measure"]
@@ -40,26 +39,6 @@ TABLES: dict[str, tuple[int, int, torch.dtype, int]] = {
     "gpt2": (50257, 768, torch.float32, 1024),
     "llama3": (128256, 4096, torch.bfloat16, 1024),
 }
-
-
-def _median_s(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    """Median seconds of one ``fn()`` over ``reps`` runs, after two warm-ups."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def measure(name: str, device: torch.device, batch: int, T: int, reps: int,
@@ -99,7 +78,7 @@ def measure(name: str, device: torch.device, batch: int, T: int, reps: int,
                                  "batch": batch, "T": T, "answer_bytes": answer}
     ceiling = 0.0
     for stage, (fn, moved) in stages.items():
-        s = _median_s(fn, device, reps)
+        s = median_seconds(fn, device, reps)
         gbs = moved / s / 1e9
         ceiling = ceiling or gbs
         result[stage] = {"median_us": round(s * 1e6, 1), "GB_per_s": round(gbs, 1),

@@ -153,6 +153,17 @@ function checkKeys(object, known) {
   }
 }
 
+/** A request is an object of known keys only, with exactly one of its two inputs. */
+function checkRequest(request, known, [input, other]) {
+  if (request === null || typeof request !== 'object' || Array.isArray(request)) {
+    throw new Error(`a request is an object, got ${shown(request)}`);
+  }
+  checkKeys(request, known);
+  if ((request[input] === undefined) === (request[other] === undefined)) {
+    throw new Error(`give exactly one of ${input} or ${other}`);
+  }
+}
+
 function tokenIds(ids) {
   if (!Array.isArray(ids)) throw new Error(`ids must be an array of integers, got ${shown(ids)}`);
   return ids.map((id, i) => checkInt(`ids[${i}]`, id, -MAX_ID, MAX_ID));
@@ -163,13 +174,7 @@ function tokenIds(ids) {
  * throw; enums come back as their .proto names, unset options as their defaults.
  */
 function embedRequest(request) {
-  if (request === null || typeof request !== 'object' || Array.isArray(request)) {
-    throw new Error(`a request is an object, got ${shown(request)}`);
-  }
-  checkKeys(request, EMBED_KEYS);
-  if ((request.text === undefined) === (request.token_ids === undefined)) {
-    throw new Error('give exactly one of text or token_ids');
-  }
+  checkRequest(request, EMBED_KEYS, ['text', 'token_ids']);
   const r = { ...DEFAULTS, ...request };
   const out = {
     model: checkString('model', r.model),
@@ -200,13 +205,7 @@ function embedRequest(request) {
 
 /** modelInfer()'s short form, checked the same way; spellings become the OIP names. */
 function inferRequest(request) {
-  if (request === null || typeof request !== 'object' || Array.isArray(request)) {
-    throw new Error(`a request is an object, got ${shown(request)}`);
-  }
-  checkKeys(request, INFER_KEYS);
-  if ((request.text === undefined) === (request.input_ids === undefined)) {
-    throw new Error('give exactly one of text or input_ids');
-  }
+  checkRequest(request, INFER_KEYS, ['text', 'input_ids']);
   const out = {
     model_name: checkString('model_name', request.model_name ?? ''),
     model_version: checkString('model_version', request.model_version ?? ''),

@@ -1,10 +1,10 @@
-"""Client fixtures on top of tests/conftest.py's real server: the tables, read back, and
-certificates made by openssl for the TLS tests."""
+"""Client fixtures on top of tests/conftest.py's real server: the tables, read back, a
+server that asks for a token, and certificates made by openssl for the TLS tests."""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +12,11 @@ import pytest
 import torch
 
 from service.format.checkpoint import Checkpoint, read_checkpoint
+from service.local import ServerHandle
+from tests.tiny_model import start
 
 Reference = Callable[..., np.ndarray]
+TOKEN = "s3cret-token"
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +39,13 @@ def reference(tiny_checkpoint: Checkpoint) -> Reference:
         return out.numpy()
 
     return rows
+
+
+@pytest.fixture(scope="module")
+def token_server(tiny_repo: Path) -> Iterator[ServerHandle]:
+    """A second server over the same repository that requires ``Bearer TOKEN``."""
+    with start(tiny_repo, auth_token=TOKEN) as handle:
+        yield handle
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -17,10 +17,10 @@ import pytest
 
 from client.diagnose import Listener, probe, split_target
 from service.local import ServerHandle
+from tests.client.conftest import TOKEN
 from tests.tiny_model import start
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "s3cret-token"
 
 
 def embedctl(*args: str) -> tuple[int, str, str]:
@@ -36,13 +36,6 @@ def tls_server(tiny_repo: Path, certs: Path) -> Iterator[ServerHandle]:
     """TLS without client certificates: a server certificate signed by the test CA."""
     handle = start(tiny_repo, tls_cert=str(certs / "server.pem"),
                    tls_key=str(certs / "server.key"))
-    yield handle
-    handle.stop(grace=0.5)
-
-
-@pytest.fixture(scope="module")
-def token_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    handle = start(tiny_repo, auth_token=TOKEN)
     yield handle
     handle.stop(grace=0.5)
 
@@ -89,48 +82,49 @@ def one_line(result: tuple[int, str, str]) -> str:
     return err.removeprefix("embedctl: ").rstrip("\n")
 
 
-def test_nothing_listening(closed_port: int) -> None:
-    target = f"127.0.0.1:{closed_port}"
-    assert one_line(embedctl("--target", target, "models")) == (
-        f"nothing is listening at {target} (connection refused): start the server, or "
-        f"point --target (or $EMBED_TARGET) at its gRPC port")
+@pytest.fixture
+def targets(server: ServerHandle, tls_server: ServerHandle, closed_port: int,
+            hang_up_port: int) -> dict[str, str]:
+    """The target of each kind of listener."""
+    return {"closed": f"127.0.0.1:{closed_port}", "hangs up": f"127.0.0.1:{hang_up_port}",
+            "REST": f"127.0.0.1:{server.http_port}",  # the service's own REST port
+            "plaintext": server.target, "TLS": tls_server.target}
 
 
-def test_an_http_port_is_not_grpc(server: ServerHandle) -> None:
-    target = f"127.0.0.1:{server.http_port}"  # the service's own REST port
-    assert one_line(embedctl("--target", target, "embed", "hello")) == (
-        f"{target} is an HTTP/1.x server, not gRPC (it answered 'HTTP/1.0 400 Bad "
-        f"Request'): point --target at the gRPC port; the service's REST API and page are "
-        f"on another port")
-
-
-def test_a_port_that_hangs_up(hang_up_port: int) -> None:
-    target = f"127.0.0.1:{hang_up_port}"
-    assert one_line(embedctl("--target", target, "models")) == (
-        f"{target} accepted the connection but does not speak gRPC (closed the "
-        f"connection): check the port in --target")
-
-
-def test_plaintext_client_tls_server(tls_server: ServerHandle) -> None:
-    assert one_line(embedctl("--target", tls_server.target, "models")) == (
-        f"{tls_server.target} speaks TLS but embedctl connected in plaintext: add --tls "
-        f"(system roots) or --tls-ca CA.pem")
-
-
-def test_tls_client_plaintext_server(server: ServerHandle, certs: Path) -> None:
-    assert one_line(embedctl("--target", server.target, "--tls-ca", str(certs / "ca.pem"),
-                             "models")) == (
-        f"{server.target} speaks plaintext gRPC but embedctl used TLS: drop --tls, "
-        f"--tls-ca, --tls-cert and --tls-key")
-
-
-def test_tls_with_an_untrusted_certificate(tls_server: ServerHandle) -> None:
+# The listener, embedctl's arguments after its --target ({ca}: the test CA), and the one
+# line it says ({target}: the listener's).
+NO_ANSWER = {
+    "nothing listening": ("closed", ["models"],
+                          "nothing is listening at {target} (connection refused): start the "
+                          "server, or point --target (or $EMBED_TARGET) at its gRPC port"),
+    "an HTTP port is not gRPC": ("REST", ["embed", "hello"],
+                                 "{target} is an HTTP/1.x server, not gRPC (it answered "
+                                 "'HTTP/1.0 400 Bad Request'): point --target at the gRPC "
+                                 "port; the service's REST API and page are on another port"),
+    "a port that hangs up": ("hangs up", ["models"],
+                             "{target} accepted the connection but does not speak gRPC "
+                             "(closed the connection): check the port in --target"),
+    "plaintext client, TLS server": ("TLS", ["models"],
+                                     "{target} speaks TLS but embedctl connected in "
+                                     "plaintext: add --tls (system roots) or --tls-ca CA.pem"),
+    "TLS client, plaintext server": ("plaintext", ["--tls-ca", "{ca}", "models"],
+                                     "{target} speaks plaintext gRPC but embedctl used TLS: "
+                                     "drop --tls, --tls-ca, --tls-cert and --tls-key"),
     # --tls: the system roots, which do not hold the test CA.
-    assert one_line(embedctl("--target", tls_server.target, "--tls", "models")) == (
-        f"TLS with {tls_server.target} failed (CERTIFICATE_VERIFY_FAILED: unable to get "
-        f"local issuer certificate): give the CA that signed the server's certificate with "
-        f"--tls-ca, use a --target host the certificate names, and for mutual TLS "
-        f"--tls-cert and --tls-key")
+    "TLS with an untrusted certificate": (
+        "TLS", ["--tls", "models"],
+        "TLS with {target} failed (CERTIFICATE_VERIFY_FAILED: unable to get local issuer "
+        "certificate): give the CA that signed the server's certificate with --tls-ca, use a "
+        "--target host the certificate names, and for mutual TLS --tls-cert and --tls-key"),
+}
+
+
+@pytest.mark.parametrize("case", list(NO_ANSWER))
+def test_why_there_was_no_answer(targets: dict[str, str], certs: Path, case: str) -> None:
+    listener, args, message = NO_ANSWER[case]
+    target = targets[listener]
+    args = [a.format(ca=certs / "ca.pem") for a in args]
+    assert one_line(embedctl("--target", target, *args)) == message.format(target=target)
 
 
 def test_tls_both_sides_works(tls_server: ServerHandle, certs: Path) -> None:

@@ -23,7 +23,6 @@ from client.outputs import placed
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.local import ServerHandle
 from tests.service.engine.cuda_memory import fake_driver
-from tests.tiny_model import start
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_DRIVER = ("CUDA shared memory needs the CUDA driver (libcuda-not-here.so.1), and it cannot "
@@ -57,14 +56,6 @@ class Unallocated(CudaSharedMemoryRegion):
         self.name, self.byte_size, self.device_id = name, byte_size, 0
         self.address = 0
         self.raw_handle = bytes(range(1, 65))
-
-
-@pytest.fixture(scope="module")
-def cpu_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """Tables on the CPU whatever EMBED_TEST_DEVICE says."""
-    handle = start(tiny_repo, device="cpu")
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture

@@ -14,18 +14,10 @@ from client import EmbeddingClient, EmbeddingError
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.format.checkpoint import Checkpoint
 from service.local import ServerHandle
+from tests.client.conftest import TOKEN
 from tests.tiny_model import start
 
 HELLO_WORLD = [31373, 995]
-AUTH_TOKEN = "s3cret-token"
-
-
-@pytest.fixture(scope="module")
-def auth_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """A second server over the same repository that requires ``Bearer AUTH_TOKEN``."""
-    handle = start(tiny_repo, auth_token=AUTH_TOKEN)
-    yield handle
-    handle.stop(grace=0.5)
 
 
 @pytest.fixture
@@ -184,11 +176,11 @@ def test_deadline_is_passed_to_the_server(tiny_repo: Path) -> None:
         slow.stop(grace=0.5)
 
 
-def test_bearer_token_is_sent(auth_server: ServerHandle) -> None:
-    with EmbeddingClient(auth_server.target, timeout=30, token=AUTH_TOKEN) as c:
+def test_bearer_token_is_sent(token_server: ServerHandle) -> None:
+    with EmbeddingClient(token_server.target, timeout=30, token=TOKEN) as c:
         assert c.embed("hello world").token_ids == HELLO_WORLD
     for token in (None, "wrong"):
-        with EmbeddingClient(auth_server.target, timeout=30, token=token) as c, \
+        with EmbeddingClient(token_server.target, timeout=30, token=token) as c, \
                 pytest.raises(EmbeddingError) as info:
             c.embed("hello world")
         assert info.value.code == grpc.StatusCode.UNAUTHENTICATED

@@ -24,10 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from tests.deploy.pod_specs import Container
+from tests.deploy.served import serving
 
 __all__ = ["Pod", "Prober", "docker", "quantity", "run_argv"]
 
@@ -167,14 +165,7 @@ class Prober:
         timeout = float(probe.get("timeoutSeconds", 1))
         if "grpc" in probe:
             target = f"{self.address}:{self._port(probe['grpc']['port'])}"
-            try:
-                with grpc.insecure_channel(target) as ch:
-                    status = health_pb2_grpc.HealthStub(ch).Check(
-                        health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", "")),
-                        timeout=timeout).status
-                return bool(status == health_pb2.HealthCheckResponse.SERVING)
-            except grpc.RpcError:
-                return False
+            return serving(target, probe["grpc"].get("service", ""), timeout)
         if "httpGet" in probe:
             get = probe["httpGet"]
             url = f"http://{self.address}:{self._port(get['port'])}{get.get('path', '/')}"

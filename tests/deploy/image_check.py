@@ -32,24 +32,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import EmbeddingClient
-from genproto.inference.v2 import grpc_service_pb2 as oip
-from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
 from service.format.checkpoint import read_checkpoint
 from service.format.manifest import EMBEDDINGS_FILE
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 from service.format.writer import write_checkpoint
+from tests.deploy.served import IDS, model_infer, serving
 
 IMAGE_UID = 10001  # the Dockerfiles' USER 10001:10001
 STOP_GRACE_S = 30  # docs/deploy.md: docker stop -t 30 (the server drains for 10 s at most)
 MODEL = "tiny"
 LOCKED = "locked"  # a version whose tables only their writer may read
-IDS = [31373, 995, 11, 50256, 0, 1000, 50000]
 TEXT = "The container image, built and run for real."
 START_POSITION = 3
 DIM, MAX_SEQ_LEN, TABLE_ROWS, VOCAB = 64, 128, 50304, 50257
@@ -137,20 +133,11 @@ def reference(repo: Path, ids: list[int], start: int) -> bytes:
     return rows.to(torch.float32).numpy().tobytes()
 
 
-def health(target: str) -> int:
-    with grpc.insecure_channel(target) as ch:
-        return int(health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=2).status)
-
-
 def wait_serving(target: str, container: str, deadline_s: float) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
-        try:
-            if health(target) == health_pb2.HealthCheckResponse.SERVING:
-                return time.monotonic() - t0
-        except grpc.RpcError:
-            pass
+        if serving(target):
+            return time.monotonic() - t0
         if not inspect(container, ".State.Running"):
             raise RuntimeError("container exited: " + docker("logs", container).stderr[-2000:])
         time.sleep(0.1)
@@ -279,13 +266,8 @@ def serve_checks(report: Report, image: str, label: str, work: Path) -> None:
                     f"position {START_POSITION}: bit-exact (version {by_ids.version}, "
                     f"checkpoint {by_ids.checkpoint_id[:12]})")
 
-        def model_infer() -> str:
-            tensor = oip.ModelInferRequest.InferInputTensor
-            request = oip.ModelInferRequest(model_name=MODEL, inputs=[tensor(
-                name="input_ids", datatype="INT64", shape=[1, len(IDS)],
-                contents=oip.InferTensorContents(int64_contents=IDS))])
-            with grpc.insecure_channel(target) as ch:
-                resp = oip_grpc.GRPCInferenceServiceStub(ch).ModelInfer(request, timeout=30)
+        def infer() -> str:
+            resp = model_infer(target, MODEL)
             out = resp.outputs[0]
             assert (out.name, out.datatype, list(out.shape)) == (
                 "embeddings", "FP32", [1, len(IDS), DIM]), out
@@ -293,7 +275,7 @@ def serve_checks(report: Report, image: str, label: str, work: Path) -> None:
             return f"[1x{len(IDS)}x{DIM}] FP32 bit-exact"
 
         report.attempt("native Embed (project client) bit-exact", embed)
-        report.attempt("OIP ModelInfer bit-exact", model_infer)
+        report.attempt("OIP ModelInfer bit-exact", infer)
 
         def http_infer() -> str:
             body = json.dumps({

@@ -16,21 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from client import EmbeddingClient, EmbeddingError
-from genproto.inference.v2 import grpc_service_pb2 as oip
-from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
 from service.format.checkpoint import read_checkpoint
 from tests.deploy.docker_pods import Pod, Prober, docker, run_argv
 from tests.deploy.image_check import Report
 from tests.deploy.pod_specs import containers
 from tests.deploy.scenario_jobs import JobRun
+from tests.deploy.served import IDS, model_infer, serving
 
 __all__ = ["IDS", "ServedChecks", "hf_source", "kserve_infer"]
 
-IDS = [31373, 995, 11, 50256, 0, 1000, 50000]
 GRPC_PORT = 50051  # the Deployment's grpc containerPort
 POLL_S = 10  # EMBED_POLL_SECONDS in the base ConfigMap: a rollout reaches a pod within one
 
@@ -210,29 +205,14 @@ def kserve_infer(objs: list[dict[str, Any]], image: str, network: str, claim: st
     (port,) = [p["containerPort"] for p in c.spec["ports"]]
     target = f"{ip}:{port}"
     t0 = time.monotonic()
-    _until(lambda: _serving(target), 120, f"{target} not SERVING")
-    tensor = oip.ModelInferRequest.InferInputTensor
-    request = oip.ModelInferRequest(model_name=model, inputs=[tensor(
-        name="input_ids", datatype="INT64", shape=[1, len(IDS)],
-        contents=oip.InferTensorContents(int64_contents=IDS))])
-    with grpc.insecure_channel(target) as ch:
-        resp = oip_grpc.GRPCInferenceServiceStub(ch).ModelInfer(request, timeout=30)
+    _until(lambda: serving(target), 120, f"{target} not SERVING")
+    resp = model_infer(target, model)
     want = served.bytes[("trained", 1)]
     assert resp.raw_output_contents[0] == want, "not the Deployment's bytes for trained/1"
     out = resp.outputs[0]
     return (f"{' '.join(c.spec['args'])}: SERVING in {time.monotonic() - t0:.1f} s; "
             f"ModelInfer {model} (trained/1) -> {out.datatype} {list(out.shape)}, the "
             f"replicas' bytes")
-
-
-def _serving(target: str) -> bool:
-    try:
-        with grpc.insecure_channel(target) as ch:
-            return bool(health_pb2_grpc.HealthStub(ch).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=2).status
-                == health_pb2.HealthCheckResponse.SERVING)
-    except grpc.RpcError:
-        return False
 
 
 def _until(fn: Callable[[], bool], deadline_s: float, what: str) -> None:

@@ -21,6 +21,7 @@ from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
 from service.format.tokenizer import gpt2_spec
 from service.format.writer import write_checkpoint
 from service.local import ServerHandle
+from tests.security.shm_helpers import MakeObject, ShmObject
 from tests.tiny_model import MAX_SEQ_LEN, VOCAB_SIZE, MakeCheckpoint, start, tiny_tables
 
 TOKEN = "s3cret-token"
@@ -79,6 +80,20 @@ def native(channel: grpc.Channel) -> pb_grpc.EmbeddingServiceStub:
 @pytest.fixture(scope="session")
 def inference(channel: grpc.Channel) -> oip_grpc.GRPCInferenceServiceStub:
     return oip_grpc.GRPCInferenceServiceStub(channel)
+
+
+@pytest.fixture
+def objects() -> Iterator[MakeObject]:
+    """``objects(size)`` → a new /dev/shm object; every one unlinked when the test ends."""
+    made: list[ShmObject] = []
+
+    def make(size: int) -> ShmObject:
+        made.append(ShmObject(size))
+        return made[-1]
+
+    yield make
+    for obj in made:
+        obj.close()
 
 
 GOOD = pb.EmbedRequest(text="hello world", request_id="good")

@@ -27,6 +27,7 @@ from tests.tiny_model import DIM, tiny_tables
 
 SHM = Path("/dev/shm")
 IDS = [31373, 995, 0, 50256, 7, 11]
+ROW_BYTES = len(IDS) * DIM * 4  # IDS' rows in float32
 
 
 class ShmObject:
@@ -52,17 +53,7 @@ class ShmObject:
         self.path.unlink(missing_ok=True)
 
 
-def shm_objects() -> Iterator[Callable[[int], ShmObject]]:
-    """For a fixture: ``make(size)`` → a new object; all unlinked when the fixture ends."""
-    made: list[ShmObject] = []
-
-    def make(size: int) -> ShmObject:
-        made.append(ShmObject(size))
-        return made[-1]
-
-    yield make
-    for obj in made:
-        obj.close()
+MakeObject = Callable[[int], ShmObject]  # the ``objects`` fixture: size -> a new object
 
 
 class As:
@@ -180,6 +171,6 @@ def safetensors_with_header(header: Any, payload: bytes = b"") -> bytes:
     return len(raw).to_bytes(8, "little") + raw + payload
 
 
-__all__ = ["DIM", "EMBEDDINGS_FILE", "IDS", "As", "ShmObject", "channel", "edit_manifest",
-           "expected_rows", "infer_shm", "non_loopback_address", "rewrite_entry",
-           "safetensors_with_header", "shm_objects"]
+__all__ = ["DIM", "EMBEDDINGS_FILE", "IDS", "ROW_BYTES", "As", "MakeObject", "ShmObject",
+           "channel", "edit_manifest", "expected_rows", "infer_shm", "non_loopback_address",
+           "rewrite_entry", "safetensors_with_header"]

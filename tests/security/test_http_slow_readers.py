@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service.rpc.http import HttpFront
 from tests.security.conftest import TOKEN, WIDE_DIM
 from tests.service.rpc.http.conftest import infer_body, request
 from tests.tiny_model import MAX_SEQ_LEN, start
@@ -74,6 +75,25 @@ def wait_for(what: Callable[[], bool], seconds: float = 20) -> None:
         time.sleep(0.02)
 
 
+def read_at_last(slow: list[socket.socket], http: HttpFront, body: bytes) -> None:
+    """The unread answers, read at last, are whole and exact (a fresh request's bytes), and
+    once they are taken the server holds no slot and no budget for them."""
+    answers = [read_reply(s) for s in slow]
+    for s in slow:
+        s.close()
+    wait_for(lambda: http.slots.inflight == 0 and http.budgets.held == 0)
+    again = request(http.port, "POST", "/v2/models/wide/infer", body, HTTP_AUTH)
+    assert again.status == 200
+    assert answers == [(200, again.body)] * len(slow)  # late, and exact
+
+
+def budget_full(budget: int) -> bytes:
+    """The 429 body of a large request while two unread answers hold the budget."""
+    return json.dumps({
+        "error": f"answers not yet taken by their clients hold {2 * BOUND} bytes; this "
+                 f"one's {BOUND} would pass max_unsent_bytes={budget}; retry later"}).encode()
+
+
 def test_unread_answers_hold_their_in_flight_slot(security_repo: Path) -> None:
     handle = start(security_repo, max_concurrent_rpcs=2, max_unsent_bytes=0, **BIG_LIMITS)
     try:
@@ -87,13 +107,7 @@ def test_unread_answers_hold_their_in_flight_slot(security_repo: Path) -> None:
         refused = request(port, "POST", "/v2/models/tiny/infer", infer_body([[1]]), HTTP_AUTH)
         assert (refused.status, refused.json()) == (429, {
             "error": "2 HTTP requests in flight: max_concurrent_rpcs=2; retry later"})
-        answers = [read_reply(s) for s in slow]
-        for s in slow:
-            s.close()
-        wait_for(lambda: http.slots.inflight == 0 and http.budgets.held == 0)
-        again = request(port, "POST", "/v2/models/wide/infer", body, HTTP_AUTH)
-        assert again.status == 200
-        assert answers == [(200, again.body)] * 2  # late, and exact
+        read_at_last(slow, http, body)
     finally:
         handle.stop()
 
@@ -116,10 +130,7 @@ def test_unread_answers_are_bounded_by_the_unsent_budget(security_repo: Path) ->
         slow = [slow_client(port, body) for _ in range(2)]
         wait_for(lambda: http.budgets.held == 2 * BOUND)
         third = slow_client(port, body)
-        assert read_reply(third) == (429, json.dumps({
-            "error": f"answers not yet taken by their clients hold {2 * BOUND} bytes; this "
-                     f"one's {BOUND} would pass max_unsent_bytes={budget}; retry later"}
-        ).encode())
+        assert read_reply(third) == (429, budget_full(budget))
         third.close()
         latencies = []
         for _ in range(10):
@@ -132,12 +143,7 @@ def test_unread_answers_are_bounded_by_the_unsent_budget(security_repo: Path) ->
               f"{statistics.median(latencies) * 1e3:.1f} ms")
         assert statistics.median(latencies) < 0.5, latencies
         wait_for(lambda: http.budgets.held == 2 * BOUND)  # the last small one given back
-        answers = [read_reply(s) for s in slow]
-        for s in slow:
-            s.close()
-        wait_for(lambda: http.slots.inflight == 0 and http.budgets.held == 0)
-        again = request(port, "POST", "/v2/models/wide/infer", body, HTTP_AUTH)
-        assert answers == [(200, again.body)] * 2
+        read_at_last(slow, http, body)
     finally:
         handle.stop()
 
@@ -167,25 +173,17 @@ def test_requests_waiting_for_budget_leave_their_slot_to_ordinary_clients(
         ordinary = request(port, "POST", "/v2/models/tiny/infer", infer_body([[1, 2]]),
                            HTTP_AUTH)
         assert ordinary.status == 200
-        budget_full = json.dumps({
-            "error": f"answers not yet taken by their clients hold {2 * BOUND} bytes; this "
-                     f"one's {BOUND} would pass max_unsent_bytes={budget}; retry later"}
-        ).encode()
+        full = budget_full(budget)
         t0 = time.monotonic()
         seventh = slow_client(port, body)
-        assert read_reply(seventh) == (429, budget_full)
+        assert read_reply(seventh) == (429, full)
         assert time.monotonic() - t0 < 2.0  # not after a wait of its own
         assert http.slots.waiting == 4
         seventh.close()
         for s in waiting:
-            assert read_reply(s) == (429, budget_full)
+            assert read_reply(s) == (429, full)
             s.close()
         assert (http.slots.waiting, http.slots.inflight) == (0, 2)
-        answers = [read_reply(s) for s in slow]
-        for s in slow:
-            s.close()
-        wait_for(lambda: http.slots.inflight == 0 and http.budgets.held == 0)
-        again = request(port, "POST", "/v2/models/wide/infer", body, HTTP_AUTH)
-        assert answers == [(200, again.body)] * 2
+        read_at_last(slow, http, body)
     finally:
         handle.stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -17,13 +16,8 @@ from service.config import ServerConfig
 from service.local import ServerHandle
 from service.rpc import identity
 from service.rpc.identity import Identities, parse_tokens
-from tests.security.shm_helpers import As, ShmObject, channel, shm_objects
+from tests.security.shm_helpers import As, MakeObject, channel
 from tests.tiny_model import start
-
-
-@pytest.fixture
-def objects() -> Iterator[Callable[[int], ShmObject]]:
-    yield from shm_objects()
 
 
 def _write(path: Path, text: str) -> None:
@@ -34,7 +28,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def test_token_file_is_reloaded_when_it_changes(
-        tiny_repo: Path, tmp_path: Path, objects: Callable[[int], ShmObject],
+        tiny_repo: Path, tmp_path: Path, objects: MakeObject,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(identity, "RELOAD_CHECK_S", 0.0)  # look at the file on every call
     tokens = tmp_path / "tokens"
@@ -85,7 +79,7 @@ def test_bad_token_file_stops_the_start(tiny_repo: Path, tmp_path: Path) -> None
 
 
 def test_single_token_is_the_default_identity_and_file_tokens_join_it(
-        tiny_repo: Path, tmp_path: Path, objects: Callable[[int], ShmObject]) -> None:
+        tiny_repo: Path, tmp_path: Path, objects: MakeObject) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("ops token-ops\n")
     with start(tiny_repo, auth_token="shared", auth_tokens=str(tokens)) as handle, \
@@ -99,7 +93,7 @@ def test_single_token_is_the_default_identity_and_file_tokens_join_it(
 
 
 def test_auth_off_is_one_namespace(server: ServerHandle,
-                                   objects: Callable[[int], ShmObject]) -> None:
+                                   objects: MakeObject) -> None:
     """Documented: without auth every client is the same identity ("")."""
     with channel(server.target) as a, channel(server.target) as b:
         As(a).register("one-ns", objects(64))
@@ -134,7 +128,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_client_certificate_subject_is_the_identity(
-        tiny_repo: Path, certs: Path, objects: Callable[[int], ShmObject]) -> None:
+        tiny_repo: Path, certs: Path, objects: MakeObject) -> None:
     config = {"tls_cert": str(certs / "server.pem"), "tls_key": str(certs / "server.key"),
               "tls_client_ca": str(certs / "ca.pem")}
     ServerConfig(**config)  # type: ignore[arg-type]  # the three settings go together

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -20,28 +19,20 @@ from service.format.tokenizer import default_ranks_path, gpt2_spec
 from service.format.writer import write_checkpoint
 from service.local import ServerHandle
 from tests.security.shm_helpers import (
-    DIM,
     IDS,
+    ROW_BYTES,
     As,
-    ShmObject,
+    MakeObject,
     channel,
     expected_rows,
     infer_shm,
-    shm_objects,
 )
-from tests.tiny_model import start
-
-ROW_BYTES = len(IDS) * DIM * 4
-
-
-@pytest.fixture
-def objects() -> Iterator[Callable[[int], ShmObject]]:
-    yield from shm_objects()
+from tests.tiny_model import DIM, start
 
 
 @pytest.mark.parametrize("how", ["shrink", "truncate", "unlink"])
 def test_object_changed_by_its_owner_fails_that_request_only(
-        server: ServerHandle, objects: Callable[[int], ShmObject], how: str) -> None:
+        server: ServerHandle, objects: MakeObject, how: str) -> None:
     obj, good = objects(4096), objects(4096)
     with channel(server.target) as ch:
         client = As(ch)
@@ -71,7 +62,7 @@ def test_object_changed_by_its_owner_fails_that_request_only(
 
 
 def test_shrink_while_queued_fails_only_that_job_of_the_batch(
-        tiny_repo: Path, objects: Callable[[int], ShmObject]) -> None:
+        tiny_repo: Path, objects: MakeObject) -> None:
     """Two requests wait in one batch; the owner of one region shrinks it meanwhile: that
     request fails, its batch-mate gets exact rows."""
     victim, mate = objects(4096), objects(4096)
@@ -101,7 +92,7 @@ def test_shrink_while_queued_fails_only_that_job_of_the_batch(
 
 
 def test_rows_land_only_inside_the_object(server: ServerHandle,
-                                          objects: Callable[[int], ShmObject]) -> None:
+                                          objects: MakeObject) -> None:
     """Nothing is written before the region's offset or after its rows."""
     obj = objects(8192)
     with channel(server.target) as ch:
@@ -140,7 +131,7 @@ def test_truncated_under_load_loses_nothing_for_others(tmp_path: Path) -> None:
 
 
 def test_reused_row_buffers_never_leak_an_earlier_request(
-        server: ServerHandle, objects: Callable[[int], ShmObject]) -> None:
+        server: ServerHandle, objects: MakeObject) -> None:
     """Row buffers are reused between requests: a padded [B, T, C] answer after a larger
     one still has zero padding, not the earlier request's rows."""
     obj = objects(8192)

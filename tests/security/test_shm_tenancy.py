@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -19,25 +19,18 @@ from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.engine.regions import is_local_peer
 from service.local import ServerHandle
 from tests.security.shm_helpers import (
-    DIM,
     IDS,
+    ROW_BYTES,
     As,
-    ShmObject,
+    MakeObject,
     channel,
     expected_rows,
     infer_shm,
     non_loopback_address,
-    shm_objects,
 )
 from tests.tiny_model import start
 
-ROW_BYTES = len(IDS) * DIM * 4
 TOKENS = {"alice": "token-a", "bob": "token-b"}
-
-
-@pytest.fixture
-def objects() -> Iterator[Callable[[int], ShmObject]]:
-    yield from shm_objects()
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +44,7 @@ def tenants(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def test_clients_see_only_their_own_regions(tenants: ServerHandle,
-                                            objects: Callable[[int], ShmObject]) -> None:
+                                            objects: MakeObject) -> None:
     a_obj, b_obj = objects(4096), objects(4096)
     with channel(tenants.target) as ch:
         alice, bob = As(ch, TOKENS["alice"]), As(ch, TOKENS["bob"])
@@ -103,7 +96,7 @@ def test_without_a_token_nothing_is_served(tenants: ServerHandle) -> None:
 
 
 def test_registrations_are_capped_never_internal(tenants: ServerHandle,
-                                                 objects: Callable[[int], ShmObject]) -> None:
+                                                 objects: MakeObject) -> None:
     """Thousands of registrations: RESOURCE_EXHAUSTED past the cap, never INTERNAL; the
     cap is per identity (and in all), and freeing a region makes room again."""
     obj = objects(64)
@@ -138,7 +131,7 @@ def test_registrations_are_capped_never_internal(tenants: ServerHandle,
 
 
 def test_request_byte_size_bounds_the_write(server: ServerHandle,
-                                            objects: Callable[[int], ShmObject]) -> None:
+                                            objects: MakeObject) -> None:
     """``shared_memory_byte_size`` is honoured as Triton does: 16 allowed → nothing is
     written past them (the whole request is refused before any work)."""
     obj = objects(4096)
@@ -187,7 +180,7 @@ def test_odd_keys_are_invalid_argument_without_a_traceback(
 
 @pytest.mark.parametrize("name", ["a\0b", "line\nbreak", "x" * 129])
 def test_odd_region_names_are_invalid_argument(server: ServerHandle, name: str,
-                                               objects: Callable[[int], ShmObject]) -> None:
+                                               objects: MakeObject) -> None:
     obj = objects(64)
     with channel(server.target) as ch:
         assert As(ch).status("native", "RegisterSharedMemory", pb.RegisterSharedMemoryRequest(
@@ -219,7 +212,7 @@ def test_local_peers() -> None:
 
 
 def test_non_local_peers_are_refused_unless_allowed(tiny_repo: Path,
-                                                    objects: Callable[[int], ShmObject]) -> None:
+                                                    objects: MakeObject) -> None:
     address = non_loopback_address()
     if address is None:  # a host with loopback only: nothing remote to come from
         address = "127.0.0.1"

@@ -12,7 +12,7 @@ import pytest
 
 from service.config import RULES, ServerConfig, _parser, env_name, exit_with, parse_config
 from service.preflight import StartupError, check_config
-from tests.option_rules import Case, Cases, check_all, outcome, walk
+from tests.option_rules import Case, Cases, OneEach, check_all, one_each, outcome, walk
 
 PROG = "python -m service: error: "
 
@@ -41,6 +41,38 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+# The options one refused and one accepted value show: (option, a refused value, what the
+# option accepts, an accepted value).
+ONE_EACH: list[OneEach] = [
+    ("--table-dtype", "fp16", "one of stored, float32, float16, bfloat16", "bfloat16"),
+    ("--max-batch-tokens", "0", "a number of tokens >= 1", "1"),
+    ("--max-batch-delay-us", "-5", "a number of microseconds >= 0", "0"),
+    ("--max-queue-tokens", "0", "a number of tokens >= 1", "16384"),
+    ("--max-tokens-per-request", "1e3", "a number of tokens >= 1", "1000"),
+    ("--max-text-bytes", "0", "a size in bytes >= 1", "1"),
+    ("--max-message-bytes", "2147483648", "a size in bytes in [1, 2147483647]", "2147483647"),
+    ("--max-output-bytes", "-1", "a size in bytes >= 0 (0 = --max-message-bytes)", "0"),
+    ("--poll-seconds", "nan", "a number of seconds >= 0 (0 = no hot reload)", "0.5"),
+    ("--load-grace-seconds", "-1", "a number of seconds >= 0", "0"),
+    ("--shutdown-grace-seconds", "inf", "a number of seconds >= 0", "2.5"),
+    ("--auth-token", "s3cret\n", "a token of visible ASCII characters, without spaces or line "
+                                 "breaks ('' = none)", "s3cret"),
+    ("--log-format", "JSON", "one of json, text", "json"),
+    ("--tokenize-threads", "-1", "an integer >= 0 (0 = one per core)", "0"),
+    ("--torch-threads", "two", "an integer >= 0 (0 = torch's default)", "2"),
+    ("--max-inputs-per-request", "0", "an integer >= 1", "1"),
+    ("--max-request-text-bytes", "0", "a size in bytes >= 1", "100"),
+    ("--max-concurrent-rpcs", "-1", "an integer >= 0 (0 = no cap)", "0"),
+    ("--max-stream-buffer-bytes", "0", "a size in bytes >= 1", "4096"),
+    ("--max-unsent-bytes", "-1", "a size in bytes >= 0 (0 = no cap)", "0"),
+    ("--otlp-endpoint", "otel-collector:4317", "'' (off) or a collector URL, http://host:port or "
+                                               "https://host:port", "http://otel-collector:4317"),
+    ("--trace-sample-ratio", "1.5", "a number in [0, 1]", "0.25"),
+    ("--max-shm-regions-per-identity", "0", "an integer >= 1", "1"),
+    ("--max-shm-regions", "0", "an integer >= 1", "16"),
+]
+
+
 def cases(tmp: Path, tls: Path) -> Cases:
     server = ["--tls-cert", str(tls / "server.pem"), "--tls-key", str(tls / "server.key")]
     pem = tmp / "a.pem"
@@ -51,6 +83,7 @@ def cases(tmp: Path, tls: Path) -> Cases:
     name = "a model name: letters, digits, '.', '_' or '-', starting with a letter or digit"
     port = "a port 1..65535 (0 picks a free port"
     return {
+        **one_each(bad, ONE_EACH),
         "model_repository": [
             (["--model-repository", str(tmp / "no")], f"{PROG}--model-repository "
              f"{tmp / 'no'}: does not exist; create it (an empty one is served once a version "
@@ -89,32 +122,6 @@ def cases(tmp: Path, tls: Path) -> Cases:
         "device": [bad("--device", "cuda:x", "auto, cpu, cuda or cuda:N"),
                    bad("--device", "GPU", "auto, cpu, cuda or cuda:N"),
                    (["--device", "cuda:1"], None)],
-        "table_dtype": [bad("--table-dtype", "fp16", "one of stored, float32, float16, "
-                            "bfloat16"), (["--table-dtype", "bfloat16"], None)],
-        "max_batch_tokens": [bad("--max-batch-tokens", "0", "a number of tokens >= 1"),
-                             (["--max-batch-tokens", "1"], None)],
-        "max_batch_delay_us": [bad("--max-batch-delay-us", "-5",
-                                   "a number of microseconds >= 0"),
-                               (["--max-batch-delay-us", "0"], None)],
-        "max_queue_tokens": [bad("--max-queue-tokens", "0", "a number of tokens >= 1"),
-                             (["--max-queue-tokens", "16384"], None)],
-        "max_tokens_per_request": [bad("--max-tokens-per-request", "1e3",
-                                       "a number of tokens >= 1"),
-                                   (["--max-tokens-per-request", "1000"], None)],
-        "max_text_bytes": [bad("--max-text-bytes", "0", "a size in bytes >= 1"),
-                           (["--max-text-bytes", "1"], None)],
-        "max_message_bytes": [bad("--max-message-bytes", "2147483648",
-                                  "a size in bytes in [1, 2147483647]"),
-                              (["--max-message-bytes", "2147483647"], None)],
-        "max_output_bytes": [bad("--max-output-bytes", "-1", "a size in bytes >= 0 (0 = "
-                                 "--max-message-bytes)"), (["--max-output-bytes", "0"], None)],
-        "poll_seconds": [bad("--poll-seconds", "nan", "a number of seconds >= 0 (0 = no hot "
-                             "reload)"), (["--poll-seconds", "0.5"], None)],
-        "load_grace_seconds": [bad("--load-grace-seconds", "-1", "a number of seconds >= 0"),
-                               (["--load-grace-seconds", "0"], None)],
-        "shutdown_grace_seconds": [bad("--shutdown-grace-seconds", "inf",
-                                       "a number of seconds >= 0"),
-                                   (["--shutdown-grace-seconds", "2.5"], None)],
         "tls_cert": [(["--tls-cert", str(tmp / "c.pem"), "--tls-key", str(pem)],
                       f"{PROG}--tls-cert {tmp / 'c.pem'}: no such file"),
                      (["--tls-cert", str(pem), "--tls-key", str(pem)],
@@ -140,34 +147,8 @@ def cases(tmp: Path, tls: Path) -> Cases:
                            f"{PROG}--tls-client-ca {pem}: not PEM CA certificates "
                            f"(NO_CERTIFICATE_OR_CRL_FOUND)"),
                           ([*server, "--tls-client-ca", str(tls / "ca.pem")], None)],
-        "auth_token": [bad("--auth-token", "s3cret\n", "a token of visible ASCII characters, "
-                           "without spaces or line breaks ('' = none)"),
-                       (["--auth-token", "s3cret"], None)],
-        "log_format": [bad("--log-format", "JSON", "one of json, text"),
-                       (["--log-format", "json"], None)],
-        "tokenize_threads": [bad("--tokenize-threads", "-1", "an integer >= 0 (0 = one per "
-                                 "core)"), (["--tokenize-threads", "0"], None)],
-        "torch_threads": [bad("--torch-threads", "two", "an integer >= 0 (0 = torch's "
-                              "default)"), (["--torch-threads", "2"], None)],
         "workers": [bad("--workers", "0", "a number of processes >= 1"),
                     (["--workers", "2", "--http-port", "-1"], None)],
-        "max_inputs_per_request": [bad("--max-inputs-per-request", "0", "an integer >= 1"),
-                                   (["--max-inputs-per-request", "1"], None)],
-        "max_request_text_bytes": [bad("--max-request-text-bytes", "0",
-                                       "a size in bytes >= 1"),
-                                   (["--max-request-text-bytes", "100"], None)],
-        "max_concurrent_rpcs": [bad("--max-concurrent-rpcs", "-1", "an integer >= 0 (0 = no "
-                                    "cap)"), (["--max-concurrent-rpcs", "0"], None)],
-        "max_stream_buffer_bytes": [bad("--max-stream-buffer-bytes", "0",
-                                        "a size in bytes >= 1"),
-                                    (["--max-stream-buffer-bytes", "4096"], None)],
-        "max_unsent_bytes": [bad("--max-unsent-bytes", "-1", "a size in bytes >= 0 (0 = no "
-                                 "cap)"), (["--max-unsent-bytes", "0"], None)],
-        "otlp_endpoint": [bad("--otlp-endpoint", "otel-collector:4317", "'' (off) or a "
-                              "collector URL, http://host:port or https://host:port"),
-                          (["--otlp-endpoint", "http://otel-collector:4317"], None)],
-        "trace_sample_ratio": [bad("--trace-sample-ratio", "1.5", "a number in [0, 1]"),
-                               (["--trace-sample-ratio", "0.25"], None)],
         "ui": [(["--ui=1"], f"{PROG}argument --ui/--no-ui: ignored explicit argument '1' "
                             f"(see --help)"), (["--no-ui"], None)],
         "auth_tokens": [(["--auth-tokens", str(tmp / "tokens")],
@@ -181,11 +162,6 @@ def cases(tmp: Path, tls: Path) -> Cases:
                               f"--shm-allow-remote/--no-shm-allow-remote: ignored explicit "
                               f"argument 'yes' (see --help)"),
                              (["--shm-allow-remote"], None)],
-        "max_shm_regions_per_identity": [
-            bad("--max-shm-regions-per-identity", "0", "an integer >= 1"),
-            (["--max-shm-regions-per-identity", "1"], None)],
-        "max_shm_regions": [bad("--max-shm-regions", "0", "an integer >= 1"),
-                            (["--max-shm-regions", "16"], None)],
     }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.option_rules import Case, Cases, check_all, outcome, walk
+from tests.option_rules import Case, Cases, OneEach, check_all, one_each, outcome, walk
 from tests.tiny_model import MakeCheckpoint
 from training import default_model
 from training.__main__ import check_inputs
@@ -31,11 +31,45 @@ def switch(flag: str) -> list[Case]:
                             f"argument '1' (see --help)"), ([flag], None)]
 
 
+# The options one refused and one accepted value show: (option, a refused value, what the
+# option accepts, an accepted value).
+ONE_EACH: list[OneEach] = [
+    ("--n-layer", "0", "a number of blocks >= 1", "1"),
+    ("--n-head", "-4", "a number of heads >= 1", "8"),
+    ("--n-embd", "0", "a width >= 1", "64"),
+    ("--block-size", "0", "a number of positions >= 1", "16"),
+    ("--dropout", "1", "a number in [0, 1)", "0.1"),
+    ("--position", "rotary", "one of learned, sinusoidal, none", "none"),
+    ("--table-rows", "50256", "a number of rows >= 50257 (GPT-2's ids, plus padding)", "50257"),
+    ("--head-precision", "fp16", "one of auto, fp32, bf16", "bf16"),
+    ("--block-precision", "auto", "one of fp32, bf16", "bf16"),
+    ("--batch-size", "0", "a number of sequences >= 1", "2"),
+    ("--grad-accum", "0", "a number of micro-batches >= 1", "2"),
+    ("--max-steps", "0", "a number of steps >= 1", "1"),
+    ("--min-lr-ratio", "2", "a number in [0, 1]", "0"),
+    ("--warmup-steps", "-1", "a number of steps >= 0", "0"),
+    ("--weight-decay", "-0.1", "a number >= 0", "0"),
+    ("--beta1", "1.5", "a number in [0, 1)", "0.8"),
+    ("--beta2", "1", "a number in [0, 1)", "0.999"),
+    ("--grad-clip", "-1", "a number >= 0 (0 = off)", "0"),
+    ("--adamw-impl", "apex", "one of single, foreach, fused", "foreach"),
+    ("--eval-every", "0", "a number of steps >= 1", "10"),
+    ("--eval-tokens", "0", "a number of tokens >= 1", "1"),
+    ("--checkpoint-every", "-1", "a number of steps >= 0 (0 = only at the end)", "10"),
+    ("--stop-at", "-1", "a step >= 0 (0 = run to --max-steps)", "50"),
+    ("--seed", "-1", "an integer in [0, 9223372036854775807]", "0"),
+    ("--device", "gpu", "auto, cpu, cuda or cuda:N", "cpu"),
+    ("--compile-min-steps", "-1", "a number of steps >= 0 (0 = only with --compile)", "0"),
+    ("--threads", "-3", "an integer >= 0 (0 = this process's share of the cores)", "1"),
+]
+
+
 def cases(tmp: Path) -> Cases:
     (tmp / "file").write_text("")
     gone = tmp / "gone" / "x"
     name = "a model name: letters, digits, '.', '_' or '-', starting with a letter or digit"
     return {
+        **one_each(bad, ONE_EACH),
         "data": [bad("--data", "", "a file, glob, directory or .jsonl file"),
                  (["--data", str(tmp / "none.txt")],
                   f"{PROG}--data {tmp / 'none.txt'}: no such file or directory (relative to "
@@ -47,65 +81,16 @@ def cases(tmp: Path) -> Cases:
         "cache_dir": [(["--cache-dir", str(gone)], f"{PROG}--cache-dir {gone}: the directory "
                        f"{gone.parent} does not exist; create it first"),
                       (["--cache-dir", str(tmp / "new")], None)],
-        "n_layer": [bad("--n-layer", "0", "a number of blocks >= 1"),
-                    (["--n-layer", "1"], None)],
-        "n_head": [bad("--n-head", "-4", "a number of heads >= 1"), (["--n-head", "8"], None)],
-        "n_embd": [bad("--n-embd", "0", "a width >= 1"), (["--n-embd", "64"], None)],
-        "block_size": [bad("--block-size", "0", "a number of positions >= 1"),
-                       (["--block-size", "16"], None)],
-        "dropout": [bad("--dropout", "1", "a number in [0, 1)"), (["--dropout", "0.1"], None)],
-        "position": [bad("--position", "rotary", "one of learned, sinusoidal, none"),
-                     (["--position", "none"], None)],
         "tie_weights": switch("--tie-weights"),
         "sparse_embeddings": switch("--sparse-embeddings"),
-        "table_rows": [bad("--table-rows", "50256", "a number of rows >= 50257 (GPT-2's ids, "
-                           "plus padding)"), (["--table-rows", "50257"], None)],
         "loss_chunk": [bad("--loss-chunk", "-5", "a number of rows >= 0 (0 = full logits)"),
                        (["--loss-chunk", "0", "--head-precision", "fp32"], None)],
-        "head_precision": [bad("--head-precision", "fp16", "one of auto, fp32, bf16"),
-                           (["--head-precision", "bf16"], None)],
-        "block_precision": [bad("--block-precision", "auto", "one of fp32, bf16"),
-                            (["--block-precision", "bf16"], None)],
-        "batch_size": [bad("--batch-size", "0", "a number of sequences >= 1"),
-                       (["--batch-size", "2"], None)],
-        "grad_accum": [bad("--grad-accum", "0", "a number of micro-batches >= 1"),
-                       (["--grad-accum", "2"], None)],
-        "max_steps": [bad("--max-steps", "0", "a number of steps >= 1"),
-                      (["--max-steps", "1"], None)],
         "lr": [bad("--lr", "-1", "a number > 0"), bad("--lr", "nan", "a number > 0"),
                (["--lr", "6e-4"], None)],
-        "min_lr_ratio": [bad("--min-lr-ratio", "2", "a number in [0, 1]"),
-                         (["--min-lr-ratio", "0"], None)],
-        "warmup_steps": [bad("--warmup-steps", "-1", "a number of steps >= 0"),
-                         (["--warmup-steps", "0"], None)],
-        "weight_decay": [bad("--weight-decay", "-0.1", "a number >= 0"),
-                         (["--weight-decay", "0"], None)],
-        "beta1": [bad("--beta1", "1.5", "a number in [0, 1)"), (["--beta1", "0.8"], None)],
-        "beta2": [bad("--beta2", "1", "a number in [0, 1)"), (["--beta2", "0.999"], None)],
-        "grad_clip": [bad("--grad-clip", "-1", "a number >= 0 (0 = off)"),
-                      (["--grad-clip", "0"], None)],
-        "adamw_impl": [bad("--adamw-impl", "apex", "one of single, foreach, fused"),
-                       (["--adamw-impl", "foreach"], None)],
-        "eval_every": [bad("--eval-every", "0", "a number of steps >= 1"),
-                       (["--eval-every", "10"], None)],
-        "eval_tokens": [bad("--eval-tokens", "0", "a number of tokens >= 1"),
-                        (["--eval-tokens", "1"], None)],
-        "checkpoint_every": [bad("--checkpoint-every", "-1", "a number of steps >= 0 (0 = only "
-                                 "at the end)"), (["--checkpoint-every", "10"], None)],
-        "stop_at": [bad("--stop-at", "-1", "a step >= 0 (0 = run to --max-steps)"),
-                    (["--stop-at", "50"], None)],
         "resume": [(["--resume=1"], f"{PROG}argument --resume/--no-resume: ignored explicit "
                                      f"argument '1' (see --help)"), (["--no-resume"], None)],
         "resume_if_present": switch("--resume-if-present"),
-        "seed": [bad("--seed", "-1", "an integer in [0, 9223372036854775807]"),
-                 (["--seed", "0"], None)],
-        "device": [bad("--device", "gpu", "auto, cpu, cuda or cuda:N"),
-                   (["--device", "cpu"], None)],
         "compile": switch("--compile"),
-        "compile_min_steps": [bad("--compile-min-steps", "-1", "a number of steps >= 0 (0 = "
-                                  "only with --compile)"), (["--compile-min-steps", "0"], None)],
-        "threads": [bad("--threads", "-3", "an integer >= 0 (0 = this process's share of the "
-                        "cores)"), (["--threads", "1"], None)],
         "out_repository": [(["--out-repository", str(tmp / "file")],
                             f"{PROG}--out-repository {tmp / 'file'}: is a file, not a "
                             f"directory"),

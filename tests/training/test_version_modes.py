@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,21 +15,13 @@ from safetensors.torch import save_file
 
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 from service.format.writer import DIR_MODE, FILE_MODE, write_checkpoint
+from tests.deploy.image_check import umask
 from tests.training.conftest import MakeConfig
 from tests.training.importers.test_importers import _nanogpt_ckpt
 from training.data import load_tokens
 from training.export import export_model
 from training.importers import main as importers_main
 from training.train import train
-
-
-@contextmanager
-def _umask(mask: int) -> Iterator[None]:
-    old = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def _modes(root: Path) -> dict[str, int]:
@@ -54,7 +44,7 @@ def _assert_readable_by_all(repository: Path) -> None:
 @pytest.mark.parametrize("mask", [0o022, 0o077])
 def test_write_checkpoint_modes(tmp_path: Path, mask: int) -> None:
     repository = tmp_path / "models"  # created by write_checkpoint, like every parent
-    with _umask(mask):
+    with umask(mask):
         write_checkpoint(repository / "m" / "1", token_table=torch.zeros(50257, 4),
                          position="learned", max_seq_len=8, vocab_size=50257,
                          tokenizer_spec=gpt2_spec(), tokenizer_ranks=default_ranks_path(),
@@ -72,7 +62,7 @@ def test_existing_parent_modes_are_left_alone(tmp_path: Path) -> None:
     repository = tmp_path / "models"
     repository.mkdir(mode=0o750)
     os.chmod(repository, 0o750)
-    with _umask(0o077):
+    with umask(0o077):
         write_checkpoint(repository / "m" / "1", token_table=torch.zeros(50257, 4),
                          position="none", max_seq_len=8, vocab_size=50257,
                          tokenizer_spec=gpt2_spec(), tokenizer_ranks=default_ranks_path())
@@ -86,7 +76,7 @@ def test_training_export_modes(make_config: MakeConfig, tokenizer: object,
     data = load_tokens(cfg.data, tokenizer, Path(cfg.cache_dir), cfg.val_fraction,  # type: ignore[arg-type]
                        progress=False)
     result = train(cfg, tokenizer, data)  # type: ignore[arg-type]
-    with _umask(0o077):
+    with umask(0o077):
         version_dir, _ = export_model(result, cfg, gpt2_spec(), default_ranks_path(), 50257)
     assert version_dir.parent.parent == Path(cfg.out_repository)
     _assert_readable_by_all(Path(cfg.out_repository))
@@ -96,13 +86,13 @@ def test_importer_modes(tmp_path: Path) -> None:
     src = tmp_path / "ckpt.pt"
     _nanogpt_ckpt(src)
     repository = tmp_path / "models"
-    with _umask(0o077):
+    with umask(0o077):
         assert importers_main(["nanogpt", str(src), "--out", str(repository / "nano" / "1")]) == 0
     _assert_readable_by_all(repository)
 
 
 def test_safetensors_own_mode_is_overridden(tmp_path: Path) -> None:
     """The reason write_checkpoint chmods: what safetensors writes is not 0644 under 077."""
-    with _umask(0o077):
+    with umask(0o077):
         save_file({"x": torch.zeros(1)}, str(tmp_path / "x.safetensors"))
     assert stat.S_IMODE((tmp_path / "x.safetensors").stat().st_mode) & 0o044 == 0

@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from training.plot import pyplot
+from training.plot import pyplot, write_loss_plot
 from training.state import load_state
 
 __all__ = ["main", "plot_runs"]
@@ -35,16 +35,8 @@ def plot_runs(runs: dict[str, list[dict[str, float]]],
                 color=line.get_color(), label=f"{label} val")
     for label, points in val_points.items():
         ax.plot([s for s, _ in points], [v for _, v in points], "s--", label=f"{label} val")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats)")
     ax.set_ylim(top=6.0)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return write_loss_plot(fig, ax, path, legend_fontsize=8)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

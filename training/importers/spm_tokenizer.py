@@ -19,14 +19,13 @@ from tokenizers import Tokenizer
 
 from service.format.hf_tokenizer import HF_TOKENIZER_FILE
 from training.importers.source import ImporterError, reason, sha256_file
-from training.importers.tokenizer_json import PROBE_TEXTS, ResolvedTokenizer, resolve
-from training.importers.untrusted import (
-    IMPORT_EXTRA,
-    SAFE_KWARGS,
-    guarded,
-    refuse_custom_code,
-    transformers_or_none,
+from training.importers.tokenizer_json import (
+    ResolvedTokenizer,
+    auto_tokenizer,
+    probe_difference,
+    resolve,
 )
+from training.importers.untrusted import IMPORT_EXTRA, transformers_or_none
 
 __all__ = ["SPM_FILE", "convert"]
 
@@ -44,16 +43,14 @@ def convert(model_dir: Path, name: str) -> ResolvedTokenizer | None:
         raise ImporterError(f"{source}: converting a SentencePiece tokenizer needs "
                             f"transformers and sentencepiece: {IMPORT_EXTRA}; or pass "
                             f"--no-tokenizer to import ids-only")
-    refuse_custom_code(model_dir)  # before AutoTokenizer reads any file of it
-    with guarded() as tf:
-        try:
-            auto = tf.AutoTokenizer.from_pretrained(str(model_dir), **SAFE_KWARGS)
-        except ImporterError:
-            raise
-        except Exception as e:  # transformers raises many types; the reason says which
-            raise ImporterError(f"{source}: AutoTokenizer could not load it ({reason(e)}); "
-                                f"{IMPORT_EXTRA} installs sentencepiece, or pass "
-                                f"--no-tokenizer") from None
+    try:
+        auto = auto_tokenizer(model_dir)
+    except ImporterError:
+        raise
+    except Exception as e:  # transformers raises many types; the reason says which
+        raise ImporterError(f"{source}: AutoTokenizer could not load it ({reason(e)}); "
+                            f"{IMPORT_EXTRA} installs sentencepiece, or pass "
+                            f"--no-tokenizer") from None
     backend = getattr(auto, "backend_tokenizer", None)
     if not isinstance(backend, Tokenizer):
         raise ImporterError(f"{source}: AutoTokenizer ({type(auto).__name__}) has no "
@@ -66,14 +63,11 @@ def convert(model_dir: Path, name: str) -> ResolvedTokenizer | None:
                 shutil.copyfile(model_dir / config, staged / config)
         resolved = resolve(staged, name)
     assert resolved is not None
-    stored = Tokenizer.from_str(resolved.data)
-    for add in (True, False):
-        for text in PROBE_TEXTS:
-            want = auto(text, add_special_tokens=add)["input_ids"]
-            got = stored.encode(text, add_special_tokens=add).ids
-            if got != want:
-                raise ImporterError(f"{source}: the converted tokenizer encodes {text!r} as "
-                                    f"{got}, AutoTokenizer as {want}")
+    difference = probe_difference(auto, Tokenizer.from_str(resolved.data))
+    if difference is not None:
+        text, got, want = difference
+        raise ImporterError(f"{source}: the converted tokenizer encodes {text!r} as {got}, "
+                            f"AutoTokenizer as {want}")
     files = {p.name: sha256_file(p) for p in (source, *(model_dir / c for c in _CONFIG_FILES))
              if p.is_file()}
     resolved.provenance.update({

@@ -36,7 +36,7 @@ from training.importers.untrusted import (
     transformers_or_none,
 )
 
-__all__ = ["PROBE_TEXTS", "ResolvedTokenizer", "resolve"]
+__all__ = ["PROBE_TEXTS", "ResolvedTokenizer", "auto_tokenizer", "probe_difference", "resolve"]
 
 _ROLES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
           "mask_token")
@@ -95,33 +95,53 @@ def _emulate(tok: Tokenizer, config: dict[str, Any]) -> None:
                                                 special_tokens=[])
 
 
+def auto_tokenizer(model_dir: Path) -> Any:
+    """transformers' ``AutoTokenizer`` of a model directory, loaded as untrusted.py loads
+    everything: the directory's JSON refused first if it names code, then offline, local
+    files only. ImporterError for what untrusted.py refuses; any other exception is the
+    library's own, for the caller to say what it means for its import."""
+    refuse_custom_code(model_dir)  # before AutoTokenizer reads any file of it
+    with guarded() as tf:
+        return tf.AutoTokenizer.from_pretrained(str(model_dir), **SAFE_KWARGS)
+
+
+def probe_difference(auto: Any, tok: Tokenizer) -> tuple[str, list[int], list[int]] | None:
+    """The first probe text that ``tok`` encodes differently from ``auto`` (an
+    AutoTokenizer), with special tokens added or without: (text, tok's ids, auto's ids);
+    None when they agree on every probe both ways."""
+    for add in (True, False):
+        for text in PROBE_TEXTS:
+            want = auto(text, add_special_tokens=add)["input_ids"]
+            got = tok.encode(text, add_special_tokens=add).ids
+            if got != want:
+                return text, got, want
+    return None
+
+
 def _auto_backend(model_dir: Path, candidate: Tokenizer) -> tuple[Tokenizer | None, str]:
     """AutoTokenizer's own backend if it encodes the probes differently (else None), and a
     note of what was compared. Skipped where transformers is not installed."""
     if transformers_or_none() is None:
         return None, "transformers not installed: tokenizer_config.json emulated"
-    refuse_custom_code(model_dir)  # before AutoTokenizer reads any file of it
-    with guarded() as tf:
-        try:
-            auto = tf.AutoTokenizer.from_pretrained(str(model_dir), **SAFE_KWARGS)
-        except ImporterError:
-            raise
-        except Exception as e:  # a directory AutoTokenizer cannot load: the emulation stands
-            return None, f"AutoTokenizer could not load the directory ({type(e).__name__})"
-    for add in (True, False):
-        for text in PROBE_TEXTS:
-            want = auto(text, add_special_tokens=add)["input_ids"]
-            if candidate.encode(text, add_special_tokens=add).ids != want:
-                backend = getattr(auto, "backend_tokenizer", None)
-                if not isinstance(backend, Tokenizer):
-                    raise ImporterError(f"{model_dir}: AutoTokenizer encodes {text!r} as "
-                                        f"{want}, the tokenizer.json differently, and it has "
-                                        f"no tokenizers backend to store")
-                backend = Tokenizer.from_str(backend.to_str())
-                backend.no_padding()
-                backend.no_truncation()
-                return backend, f"AutoTokenizer ({type(auto).__name__}) differed on {text!r}"
-    return None, f"matches AutoTokenizer ({type(auto).__name__}) on the probe texts"
+    try:
+        auto = auto_tokenizer(model_dir)
+    except ImporterError:
+        raise
+    except Exception as e:  # a directory AutoTokenizer cannot load: the emulation stands
+        return None, f"AutoTokenizer could not load the directory ({type(e).__name__})"
+    difference = probe_difference(auto, candidate)
+    if difference is None:
+        return None, f"matches AutoTokenizer ({type(auto).__name__}) on the probe texts"
+    text, _, want = difference
+    backend = getattr(auto, "backend_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        raise ImporterError(f"{model_dir}: AutoTokenizer encodes {text!r} as {want}, the "
+                            f"tokenizer.json differently, and it has no tokenizers backend "
+                            f"to store")
+    backend = Tokenizer.from_str(backend.to_str())
+    backend.no_padding()
+    backend.no_truncation()
+    return backend, f"AutoTokenizer ({type(auto).__name__}) differed on {text!r}"
 
 
 def resolve(model_dir: Path, name: str) -> ResolvedTokenizer | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,8 +22,11 @@ import torch
 
 from service.engine.cuda_shm import CudaSharedMemoryRegistry
 from service.engine.shm import SharedMemoryRegistry
+from service.local import ServerHandle
+from tests.tiny_model import start
 
-__all__ = ["HANDLE", "HostMemory", "HostOpener", "Who", "fake_driver", "handle", "registry"]
+__all__ = ["HANDLE", "HostMemory", "HostOpener", "Who", "fake_driver", "handle",
+           "host_backed_server", "registry"]
 
 
 class HostMemory:
@@ -71,6 +76,19 @@ def registry(opener: HostOpener, host: SharedMemoryRegistry | None = None,
     """A registry that believes its tables are on cuda:0 and opens handles as host bytes."""
     return CudaSharedMemoryRegistry(torch.device("cuda", 0), host=host, opener=opener,
                                     **limits)
+
+
+@contextmanager
+def host_backed_server(repo: Path, max_per_identity: int | None = None, **settings: object
+                       ) -> Iterator[tuple[ServerHandle, HostOpener]]:
+    """A real server over ``repo`` whose CUDA registry opens handles as host bytes: every
+    front's CUDA path, request to region, without a GPU. ``max_per_identity`` caps each
+    caller's CUDA regions (the registry's default without)."""
+    limits = {} if max_per_identity is None else {"max_per_identity": max_per_identity}
+    with start(repo, **settings) as server:
+        opener = HostOpener()
+        server.server.engine.cuda_shm = registry(opener, server.server.engine.shm, **limits)
+        yield server, opener
 
 
 def fake_driver(out_dir: Path) -> Path:

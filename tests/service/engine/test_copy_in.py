@@ -90,12 +90,18 @@ def test_removing_the_served_version_rolls_back(tmp_path: Path,
         assert stub.Embed(GOOD).version == 3
 
 
-def test_version_copied_in_file_by_file_is_not_a_failure(
-        tmp_path: Path, make_checkpoint: MakeCheckpoint,
-        caplog: pytest.LogCaptureFixture) -> None:
-    repo, staging = tmp_path / "repo", tmp_path / "staging"
+@pytest.fixture
+def staged(tmp_path: Path, make_checkpoint: MakeCheckpoint) -> tuple[Path, Path]:
+    """A repository holding version 1 of tiny, and a version 2 written outside it, to be
+    brought in while the server runs."""
+    repo = tmp_path / "repo"
     make_checkpoint(repo, version=1)
-    source = make_checkpoint(staging, version=2, seed=2)
+    return repo, make_checkpoint(tmp_path / "staging", version=2, seed=2)
+
+
+def test_version_copied_in_file_by_file_is_not_a_failure(
+        staged: tuple[Path, Path], caplog: pytest.LogCaptureFixture) -> None:
+    repo, source = staged
     caplog.set_level(logging.INFO, logger=LOGGER)
     with start(repo, poll_seconds=POLL, load_grace_seconds=30) as handle, \
             grpc.insecure_channel(handle.target) as channel:
@@ -131,11 +137,8 @@ def test_version_copied_in_file_by_file_is_not_a_failure(
 
 
 def test_version_that_stays_broken_is_refused_after_the_grace(
-        tmp_path: Path, make_checkpoint: MakeCheckpoint,
-        caplog: pytest.LogCaptureFixture) -> None:
-    repo, staging = tmp_path / "repo", tmp_path / "staging"
-    make_checkpoint(repo, version=1)
-    bad = make_checkpoint(staging, version=2, seed=2)
+        staged: tuple[Path, Path], caplog: pytest.LogCaptureFixture) -> None:
+    repo, bad = staged
     data = bytearray((bad / EMBEDDINGS_FILE).read_bytes())
     data[len(data) // 2] ^= 0xFF  # one changed byte: the sha256 check fails
     (bad / EMBEDDINGS_FILE).write_bytes(bytes(data))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from service.format.checkpoint import list_versions, read_checkpoint, verify_checkpoint
-from service.format.manifest import EMBEDDINGS_FILE, MANIFEST_FILE, Manifest
+from service.format.manifest import EMBEDDINGS_FILE, MANIFEST_FILE, ROW_UPDATES_FILE, Manifest
 from service.format.tensorfile import CheckpointError, read_safetensors
 from service.format.tokenizer import GPT2_RANKS_SHA256, gpt2_spec
 from service.format.writer import next_version, write_checkpoint
@@ -54,13 +55,20 @@ def test_checkpoint_id_is_sha256_of_manifest(tmp_path: Path,
 
 def test_one_changed_byte_is_refused_naming_the_file(tmp_path: Path,
                                                       make_checkpoint: MakeCheckpoint) -> None:
+    """The hash is computed over the very bytes that are kept: one changed byte of any
+    table's file refuses the version; the byte put back, it loads again."""
     version_dir = make_checkpoint(tmp_path)
-    path = version_dir / EMBEDDINGS_FILE
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0x01
-    path.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=r"embeddings\.safetensors: sha256 .* does not match"):
-        read_checkpoint(version_dir)
+    read_checkpoint(version_dir)
+    for name in (EMBEDDINGS_FILE, ROW_UPDATES_FILE):
+        path = version_dir / name
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0x01
+        path.write_bytes(bytes(data))
+        with pytest.raises(CheckpointError, match=f"{re.escape(name)}: sha256 .* does not match"):
+            read_checkpoint(version_dir)
+        data[-1] ^= 0x01
+        path.write_bytes(bytes(data))
+    read_checkpoint(version_dir)
 
 
 def test_versions_are_immutable_and_written_atomically(tmp_path: Path,

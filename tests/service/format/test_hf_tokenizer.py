@@ -23,7 +23,7 @@ from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
 from service.engine.loading import load_model
 from service.format.tensorfile import CheckpointError
 from service.local import ServerHandle
-from tests.hf_models import HIDDEN
+from tests.hf_models import HIDDEN, metaspace_bpe
 from tests.tiny_model import start
 from training.importers import LLAMA3_PAT_STR, main
 
@@ -73,16 +73,9 @@ def _metaspace() -> tuple[Tokenizer, dict[str, Any]]:
     """Llama 2 / Mistral: Metaspace BPE with <unk>; the file's post-processor adds BOS.
     (tokenizer_config's add_bos_token is ignored by transformers 5 when a tokenizer.json
     exists; test_config_add_bos_token_ignored shows the import follows that.)"""
-    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"]))
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B:1", special_tokens=[("<s>", 1)])
-    return tok, {"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>",
-                 "eos_token": "</s>", "unk_token": "<unk>",
-                 "tokenizer_class": "PreTrainedTokenizerFast"}
+    return metaspace_bpe(CORPUS, vocab_size=300), {
+        "add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "tokenizer_class": "PreTrainedTokenizerFast"}
 
 
 STYLES = {"llama3": _llama3, "gpt2": _gpt2, "metaspace": _metaspace}

@@ -22,8 +22,8 @@ from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.local import ServerHandle
 from tests.security.shm_helpers import IDS, As, channel
-from tests.service.engine.cuda_memory import HANDLE, HostOpener, handle, registry
-from tests.tiny_model import DIM, start
+from tests.service.engine.cuda_memory import HANDLE, HostOpener, handle, host_backed_server
+from tests.tiny_model import DIM
 
 PRECONDITION = (grpc.StatusCode.FAILED_PRECONDITION,
                 "this server's tables are on cpu; CUDA shared memory needs --device cuda")
@@ -47,14 +47,6 @@ def batch_count(server: ServerHandle) -> float:
     """Batches the server has run (its embed_batch_requests histogram's count)."""
     family = next(iter(server.server.metrics.batch_requests.collect()))
     return sum(s.value for s in family.samples if s.name.endswith("_count"))
-
-
-@pytest.fixture(scope="module")
-def cpu_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """Tables on the CPU whatever EMBED_TEST_DEVICE says (gpu.sh runs this file on a GPU)."""
-    handle = start(tiny_repo, device="cpu")
-    yield handle
-    handle.stop()
 
 
 def test_cpu_server_refuses_cuda_registration_and_outputs(cpu_server: ServerHandle) -> None:
@@ -91,12 +83,9 @@ def host_backed(tiny_repo: Path) -> Iterator[tuple[ServerHandle, HostOpener]]:
     """A CPU server with two identities whose CUDA registry opens handles as host bytes."""
     tokens = tiny_repo.parent / "cuda-tokens"
     tokens.write_text("".join(f"{name} {token}\n" for name, token in TOKENS.items()))
-    handle_ = start(tiny_repo, auth_tokens=str(tokens), max_shm_regions_per_identity=2)
-    engine = handle_.server.engine
-    opener = HostOpener()
-    engine.cuda_shm = registry(opener, engine.shm, max_per_identity=2)
-    yield handle_, opener
-    handle_.stop()
+    with host_backed_server(tiny_repo, max_per_identity=2, auth_tokens=str(tokens),
+                            max_shm_regions_per_identity=2) as backed:
+        yield backed
 
 
 def test_rows_reach_the_region_through_every_embedding_rpc(

@@ -32,7 +32,6 @@ from service.local import ServerHandle
 from tests.service.rpc.fuzz_oracle import (
     GOOD,
     MAX_MESSAGE_BYTES,
-    SERVER_CONFIG,
     SERVICE,
     VERSION,
     Code,
@@ -56,17 +55,9 @@ from tests.service.rpc.fuzz_strategies import (
     tagged,
     wire_field,
 )
-from tests.tiny_model import DIM, TABLE_ROWS, VOCAB_SIZE, start
+from tests.tiny_model import DIM, TABLE_ROWS, VOCAB_SIZE
 
 # -- fixtures ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def fuzz_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """A real server over the tiny models with the oracle's limits and batching."""
-    handle = start(tiny_repo, **SERVER_CONFIG)
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,13 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
+import torch
 from google.protobuf import json_format
 
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from genproto.inference.v2 import grpc_service_pb2_grpc as oip_grpc
 from service.local import ServerHandle
-from tests.hf_models import HIDDEN, build, save
-from tests.tiny_model import start
-from training.importers import main as import_main
+from tests.hf_models import HIDDEN, served_models
 
 # model -> (family in tests/hf_models.py, the width of its served rows, of its token rows)
 MODELS = {"gpt2": (HIDDEN, HIDDEN), "opt-proj": (HIDDEN, 8), "bert": (HIDDEN, HIDDEN),
@@ -29,13 +28,9 @@ IDS = [5, 17, 0, 95, 42]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    tmp = tmp_path_factory.mktemp("metadata")
-    for seed, name in enumerate(MODELS):
-        src = save(build(name, seed=seed), tmp / "src" / name)
-        assert import_main(["hf", str(src), "--out", str(tmp / "models" / name / "1")]) == 0
-    handle = start(tmp / "models", default_model="gpt2", metrics_port=-1)
-    yield handle
-    handle.stop()
+    with served_models(tmp_path_factory.mktemp("metadata"),
+                       {name: (name, torch.float32) for name in MODELS}, "gpt2") as (handle, _):
+        yield handle
 
 
 def _rest(handle: ServerHandle, method: str, path: str, body: object = None

@@ -31,38 +31,23 @@ def expect(stub: pb_grpc.EmbeddingServiceStub, request: pb.EmbedRequest, code: C
     assert list(stub.Embed(GOOD, **kwargs).token_ids) == [31373, 995]  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def stub(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
-    with grpc.insecure_channel(server.target) as channel:
-        yield pb_grpc.EmbeddingServiceStub(channel)
-
-
 @pytest.mark.parametrize(("request_", "message"), INVALID_ARGUMENT)
-def test_invalid_argument(stub: pb_grpc.EmbeddingServiceStub, request_: pb.EmbedRequest,
+def test_invalid_argument(native: pb_grpc.EmbeddingServiceStub, request_: pb.EmbedRequest,
                           message: str) -> None:
-    expect(stub, request_, Code.INVALID_ARGUMENT, message)
+    expect(native, request_, Code.INVALID_ARGUMENT, message)
 
 
-def test_not_found(stub: pb_grpc.EmbeddingServiceStub) -> None:
-    expect(stub, pb.EmbedRequest(model="nope", text="x"), Code.NOT_FOUND,
+def test_not_found(native: pb_grpc.EmbeddingServiceStub) -> None:
+    expect(native, pb.EmbedRequest(model="nope", text="x"), Code.NOT_FOUND,
            "model 'nope' is not loaded (loaded: rope, tiny)")
-    expect(stub, pb.EmbedRequest(model="tiny", version=2, text="x"), Code.NOT_FOUND,
+    expect(native, pb.EmbedRequest(model="tiny", version=2, text="x"), Code.NOT_FOUND,
            "version 2 of model 'tiny' is not loaded (serving version 1)")
 
 
-def test_position_only_without_table(stub: pb_grpc.EmbeddingServiceStub) -> None:
-    expect(stub, pb.EmbedRequest(model="rope", text="x", compose=pb.COMPOSE_POSITION_ONLY),
+def test_position_only_without_table(native: pb_grpc.EmbeddingServiceStub) -> None:
+    expect(native, pb.EmbedRequest(model="rope", text="x", compose=pb.COMPOSE_POSITION_ONLY),
            Code.FAILED_PRECONDITION, "compose=COMPOSE_POSITION_ONLY needs a position table; "
            "model 'rope' has position 'none'")
-
-
-@pytest.fixture(scope="module")
-def limited_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """Small limits; a 1 s batch delay keeps work queued long enough to collide."""
-    handle = start(tiny_repo, max_text_bytes=16, max_message_bytes=2000, max_batch_tokens=8,
-                   max_queue_tokens=8, max_batch_delay_us=1_000_000, auth_token="t0ken")
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture(scope="module")
@@ -150,20 +135,20 @@ def test_no_model_loaded_is_unavailable(tmp_path: Path,
 
 
 def test_internal_error_hides_details_and_logs_request_id(
-        server: ServerHandle, stub: pb_grpc.EmbeddingServiceStub,
+        server: ServerHandle, native: pb_grpc.EmbeddingServiceStub,
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     tokenizer = server.server.repo.get("tiny", 0).tokenizer
     boom: Callable[..., list[int]] = lambda *a: (_ for _ in ()).throw(RuntimeError("secret"))  # noqa: E731
     monkeypatch.setattr(tokenizer, "encode", boom)
     with (caplog.at_level(logging.ERROR, logger="service.frame"),
           pytest.raises(grpc.RpcError) as info):
-        stub.Embed(pb.EmbedRequest(text="x", request_id="r-42"))
+        native.Embed(pb.EmbedRequest(text="x", request_id="r-42"))
     assert info.value.code() == Code.INTERNAL
     assert info.value.details() == "internal error (request_id='r-42'); see server logs"
     assert "secret" not in info.value.details()
     assert any("request_id='r-42'" in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
-    assert list(stub.Embed(GOOD).token_ids) == [31373, 995]
+    assert list(native.Embed(GOOD).token_ids) == [31373, 995]
 
 
 @pytest.mark.parametrize(("dtype", "T", "largest"), [

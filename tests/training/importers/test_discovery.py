@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from client import EmbeddingClient
 from service.format.manifest import MANIFEST_FILE
@@ -33,10 +32,13 @@ from tests.hf_models import (
     MAX_POS,
     VOCAB,
     build,
+    metaspace_bpe,
+    one_thread,  # noqa: F401  (autouse: the reference on the server's one thread)
     reference,
     save,
+    served_models,
+    served_rows,
 )
-from tests.tiny_model import start
 from training.importers import main as import_main
 from training.importers.source import SafetensorsDir
 
@@ -70,13 +72,7 @@ def _tokenizer(out: Path) -> None:
     """A Metaspace BPE with fewer ids than the models' rows, BOS added by its file."""
     corpus = [f"The {a} walks to the {p}. {a}s sleep in the {p}!\n"
               for a in ("cat", "dog", "bird") for p in ("garden", "house")] * 3
-    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=80, special_tokens=["<unk>", "<s>", "</s>"]))
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B:1", special_tokens=[("<s>", 1)])
+    tok = metaspace_bpe(corpus, vocab_size=80)
     assert tok.get_vocab_size() <= VOCAB
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
@@ -89,32 +85,10 @@ def found(tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[tuple[ServerHandle, dict[str, Any], Path]]:
     """One server over every discovered family in fp32 (name) and bf16 (name-bf16)."""
     tmp = tmp_path_factory.mktemp("discovery")
-    repo, built = tmp / "models", {}
-    for name in DISCOVERY_MODELS:
-        for dtype, key in ((torch.float32, name), (torch.bfloat16, f"{name}-bf16")):
-            model = build(name, seed=len(built), dtype=dtype)
-            src = save(model, tmp / "src" / key)
-            _tokenizer(src)
-            assert import_main(["hf", str(src), "--out", str(repo / key / "1")]) == 0
-            built[key] = model
-    handle = start(repo, default_model="qwen3", metrics_port=-1)
-    yield handle, built, tmp
-    handle.stop()
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """The reference runs with the server's torch thread count (as test_hf_families)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _embed(handle: ServerHandle, model: str, ids: list[int], **options: Any) -> torch.Tensor:
-    with EmbeddingClient(handle.target) as c:
-        e = c.embed(ids=ids, model=model, **options)
-    return torch.from_numpy(np.array(e.array))  # (T, C) float32 (bf16 widened exactly)
+    models = {key: (name, dtype) for name in DISCOVERY_MODELS
+              for key, dtype in ((name, torch.float32), (f"{name}-bf16", torch.bfloat16))}
+    with served_models(tmp, models, "qwen3", prepare=_tokenizer) as (handle, built):
+        yield handle, built, tmp
 
 
 def test_at_least_eight_new_families() -> None:
@@ -131,9 +105,9 @@ def test_fp32_and_bf16_bit_for_bit(found: tuple[ServerHandle, dict[str, Any], Pa
     for key, dtype in ((name, "float32"), (f"{name}-bf16", "bfloat16")):
         for start_position in (0, 7, MAX_POS - len(IDS)):
             hidden, token = reference(built[key], name, IDS, start_position)
-            got = _embed(handle, key, IDS, start_position=start_position, dtype=dtype)
+            got = served_rows(handle, key, IDS, start_position=start_position, dtype=dtype)
             assert torch.equal(got, hidden.float()), f"{key} hidden_states[0] at {start_position}"
-            got_token = _embed(handle, key, IDS, start_position=start_position,
+            got_token = served_rows(handle, key, IDS, start_position=start_position,
                                compose="token", dtype=dtype)
             assert torch.equal(got_token, token.float()), f"{key} get_input_embeddings()"
     if name in LEARNED or name == "granite":
@@ -238,12 +212,12 @@ def test_projected_encoder_widths(found: tuple[ServerHandle, dict[str, Any], Pat
     handle, built, _ = found
     model = built[name]
     ids = IDS[:6]
-    assert _embed(handle, name, ids).shape == (6, HIDDEN)
-    assert _embed(handle, name, ids, compose="token").shape == (6, EMBEDDING_SIZE[name])
+    assert served_rows(handle, name, ids).shape == (6, HIDDEN)
+    assert served_rows(handle, name, ids, compose="token").shape == (6, EMBEDDING_SIZE[name])
     if name in LEARNED:
         table = model.get_submodule(
             "albert.embeddings" if name == "albert" else "embeddings").position_embeddings
-        got = _embed(handle, name, ids, start_position=5, compose="position")
+        got = served_rows(handle, name, ids, start_position=5, compose="position")
         assert torch.equal(got, table.weight.detach()[5:11])
     with EmbeddingClient(handle.target) as c:
         info = c.model_info(name)

@@ -17,9 +17,17 @@ import torch
 from client import EmbeddingClient, EmbeddingError
 from client.cli import main as cli_main
 from service.local import ServerHandle
-from tests.hf_models import FAMILY_MODELS, HIDDEN, LEARNED, MAX_POS, VOCAB, build, reference, save
-from tests.tiny_model import start
-from training.importers import main as import_main
+from tests.hf_models import (
+    FAMILY_MODELS,
+    HIDDEN,
+    LEARNED,
+    MAX_POS,
+    VOCAB,
+    one_thread,  # noqa: F401  (autouse: the reference on the server's one thread)
+    reference,
+    served_models,
+    served_rows,
+)
 
 IDS = [5, 17, 0, 95, 42, 42, 7, 63, 1, 88, 30]  # T=11: pad id 0, the last row, a repeat
 BF16 = ("gpt2", "opt-proj", "llama", "gemma", "bloom", "bert")  # one per rule
@@ -29,41 +37,11 @@ BF16 = ("gpt2", "opt-proj", "llama", "gemma", "bloom", "bert")  # one per rule
 def hf_server(tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[tuple[ServerHandle, dict[str, Any]]]:
     """One server over every family in fp32 (name) and some in bf16 (name-bf16)."""
-    tmp = tmp_path_factory.mktemp("hf")
-    repo = tmp / "models"
-    models: dict[str, Any] = {}
-    for name in FAMILY_MODELS:
-        for dtype in (torch.float32, torch.bfloat16):
-            if dtype == torch.bfloat16 and name not in BF16:
-                continue
-            key = name if dtype == torch.float32 else f"{name}-bf16"
-            model = build(name, seed=len(models), dtype=dtype)
-            src = save(model, tmp / "src" / key)
-            args = ["hf", str(src), "--out", str(repo / key / "1")]
-            if name == "bloom":
-                args += ["--max-seq-len", str(MAX_POS)]
-            assert import_main(args) == 0
-            models[key] = model
-    handle = start(repo, default_model="llama", metrics_port=-1)
-    yield handle, models
-    handle.stop()
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """The reference runs with the server's torch thread count (--torch-threads, 1 here):
-    OPT's project_in is a GEMM, and a GEMM's rounding depends on how it is split across
-    threads (see test_project_in_depends_on_threads). torch.set_num_threads is per thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _embed(handle: ServerHandle, model: str, ids: list[int], **options: Any) -> torch.Tensor:
-    with EmbeddingClient(handle.target) as c:
-        e = c.embed(ids=ids, model=model, **options)
-    return torch.from_numpy(np.array(e.array))  # (T, C) float32 (bf16 widened exactly)
+    models = {key: (name, dtype) for name in FAMILY_MODELS
+              for key, dtype in ((name, torch.float32), (f"{name}-bf16", torch.bfloat16))
+              if dtype == torch.float32 or name in BF16}
+    with served_models(tmp_path_factory.mktemp("hf"), models, "llama") as served:
+        yield served
 
 
 @pytest.mark.parametrize("name", list(FAMILY_MODELS))
@@ -71,10 +49,10 @@ def test_fp32_bit_for_bit(hf_server: tuple[ServerHandle, dict[str, Any]], name: 
     handle, models = hf_server
     for start_position in (0, 7) if name in LEARNED else (0, 5):
         hidden, token = reference(models[name], name, IDS, start_position)
-        got = _embed(handle, name, IDS, start_position=start_position)
+        got = served_rows(handle, name, IDS, start_position=start_position)
         assert got.shape == hidden.shape
         assert torch.equal(got, hidden), f"{name} hidden_states[0] at {start_position}"
-        got_token = _embed(handle, name, IDS, start_position=start_position, compose="token")
+        got_token = served_rows(handle, name, IDS, start_position=start_position, compose="token")
         assert torch.equal(got_token, token), f"{name} get_input_embeddings()"
     if name in LEARNED | {"bloom"}:
         # positions or a LayerNorm: the default compose is not the token rows here (for
@@ -93,9 +71,9 @@ def test_bf16_stored_served_in_bf16(hf_server: tuple[ServerHandle, dict[str, Any
     start_position = 3 if name in LEARNED else 0
     hidden, token = reference(model, name, IDS, start_position)
     assert hidden.dtype == torch.bfloat16
-    got = _embed(handle, f"{name}-bf16", IDS, start_position=start_position, dtype="bfloat16")
+    got = served_rows(handle, f"{name}-bf16", IDS, start_position=start_position, dtype="bfloat16")
     assert torch.equal(got, hidden.float())
-    got_token = _embed(handle, f"{name}-bf16", IDS, compose="token", dtype="bfloat16")
+    got_token = served_rows(handle, f"{name}-bf16", IDS, compose="token", dtype="bfloat16")
     assert torch.equal(got_token, token.float())
 
 
@@ -104,7 +82,7 @@ def test_gemma_scale_rounds_in_the_model_dtype(hf_server: tuple[ServerHandle, di
     """sqrt(24) is 4.898979 in fp32 and 4.90625 in bf16: each model multiplies by its own."""
     handle, models = hf_server
     table = models["gemma-bf16"].get_input_embeddings().weight.detach()  # (V, C) bf16
-    got = _embed(handle, "gemma-bf16", [9], compose="token", dtype="bfloat16")
+    got = served_rows(handle, "gemma-bf16", [9], compose="token", dtype="bfloat16")
     want = table[9] * torch.tensor(HIDDEN ** 0.5).to(torch.bfloat16)  # (C,) bf16
     assert torch.equal(got[0], want.float())
     assert not torch.equal(got[0], (table[9].float() * HIDDEN ** 0.5).bfloat16().float())
@@ -126,8 +104,8 @@ def test_batch_equals_each_sequence(hf_server: tuple[ServerHandle, dict[str, Any
 def test_opt_project_in_widths_and_info(hf_server: tuple[ServerHandle, dict[str, Any]]) -> None:
     """Token-only rows have the table's width (8), the default compose the hidden size."""
     handle, _ = hf_server
-    assert _embed(handle, "opt-proj", IDS, compose="token").shape == (len(IDS), 8)
-    assert _embed(handle, "opt-proj", IDS).shape == (len(IDS), HIDDEN)
+    assert served_rows(handle, "opt-proj", IDS, compose="token").shape == (len(IDS), 8)
+    assert served_rows(handle, "opt-proj", IDS).shape == (len(IDS), HIDDEN)
     with EmbeddingClient(handle.target) as c:
         info = c.model_info("opt-proj")
         gemma, bert = c.model_info("gemma"), c.model_info("bert")
@@ -142,7 +120,7 @@ def test_opt_position_only_skips_the_offset(hf_server: tuple[ServerHandle, dict[
                                             ) -> None:
     handle, models = hf_server
     table = models["opt"].get_decoder().embed_positions.weight.detach()  # (MAX_POS + 2, C)
-    got = _embed(handle, "opt", IDS, start_position=4, compose="position")
+    got = served_rows(handle, "opt", IDS, start_position=4, compose="position")
     assert torch.equal(got, table[4 + 2: 4 + 2 + len(IDS)])
 
 
@@ -150,7 +128,7 @@ def test_position_only_refused_without_a_table(hf_server: tuple[ServerHandle, di
                                                ) -> None:
     handle, _ = hf_server
     with pytest.raises(EmbeddingError) as info:
-        _embed(handle, "bloom", IDS, compose="position")
+        served_rows(handle, "bloom", IDS, compose="position")
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "model 'bloom' has position 'none' (family 'bloom': its positions act inside " \
            "attention" in str(info.value)
@@ -180,7 +158,7 @@ def test_project_in_depends_on_threads(hf_server: tuple[ServerHandle, dict[str, 
     differently from 1 thread (this box: up to 2.4e-7 absolute). The service
     matches the reference run with its own thread count, bit for bit (above)."""
     handle, models = hf_server
-    served = _embed(handle, "opt-proj", IDS)
+    served = served_rows(handle, "opt-proj", IDS)
     torch.set_num_threads(2)
     two, _ = reference(models["opt-proj"], "opt-proj", IDS, 0)
     torch.set_num_threads(1)
@@ -196,7 +174,7 @@ def test_bert_bf16_rounds_at_every_step(hf_server: tuple[ServerHandle, dict[str,
     bf16 ulps (near zero). BLOOM's LayerNorm alone: 0 (torch's bf16 LayerNorm is fp32 inside)."""
     handle, models = hf_server
     ids = list(range(0, VOCAB, 3))[:MAX_POS]
-    served = _embed(handle, "bert-bf16", ids, dtype="bfloat16")
+    served = served_rows(handle, "bert-bf16", ids, dtype="bfloat16")
     hidden, _ = reference(models["bert-bf16"], "bert", ids, 0)
     once, _ = reference(models["bert-bf16"].float(), "bert", ids, 0)
     models["bert-bf16"].to(torch.bfloat16)  # .float() converted it in place

@@ -30,7 +30,6 @@ from tests.training.importers.test_hostile_files import assert_safe_message
 from training.importers import hf as hf_module
 from training.importers import main
 from training.importers import reference as reference_module
-from training.importers import spm_tokenizer as spm_module
 from training.importers import tokenizer_json as tokenizer_json_module
 from training.importers.reference import Reference
 from training.importers.source import ImporterError, SafetensorsDir
@@ -208,7 +207,8 @@ def test_without_the_check_nothing_runs_either(tmp_path: Path, kind: str,
     """Defence in depth: with the JSON check switched off, transformers is still called
     offline with remote code refused, no answer is read, and nothing of the directory
     runs; what reaches the user carries none of transformers' advice."""
-    for module in (hf_module, reference_module, tokenizer_json_module, spm_module):
+    # tokenizer_json's check is the SentencePiece converter's too (auto_tokenizer)
+    for module in (hf_module, reference_module, tokenizer_json_module):
         monkeypatch.setattr(module, "refuse_custom_code", lambda model_dir: None)
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
     src, marker, _ = _hostile(tmp_path, kind)

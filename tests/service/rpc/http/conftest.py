@@ -11,8 +11,19 @@ from typing import Any
 import numpy as np
 
 from tests.service.rpc.http.page_browser import browser  # noqa: F401  (the page tests' fixture)
+from tests.tiny_model import DIM
 
-__all__ = ["Reply", "binary_outputs", "infer_body", "request"]
+__all__ = ["TINY_METADATA", "Reply", "as_bits", "binary_outputs", "infer_body", "request"]
+
+# GET /v2/models/tiny: what every REST peer must read of the tiny model.
+TINY_METADATA = {
+    "name": "tiny", "versions": ["1"], "platform": "embedding",
+    "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
+               {"name": "text", "datatype": "BYTES", "shape": [-1]}],
+    "outputs": [{"name": "embeddings", "datatype": "FP32", "shape": [-1, -1, DIM]},
+                {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}],
+    "parameters": {"family": "", "rules": "none", "tokenizer": "tiktoken:tokenizer.tiktoken",
+                   "hidden_size": DIM}}
 
 
 @dataclass

@@ -19,20 +19,18 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.local import ServerHandle
 from tests.security.shm_helpers import IDS, non_loopback_address
-from tests.service.engine.cuda_memory import HANDLE, HostOpener, registry
+from tests.service.engine.cuda_memory import HANDLE, HostOpener, host_backed_server
 from tests.service.rpc.http.conftest import request
-from tests.tiny_model import DIM, start
+from tests.tiny_model import DIM
 
 B64 = base64.b64encode(HANDLE).decode()
 PRECONDITION = "this server's tables are on cpu; CUDA shared memory needs --device cuda"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """Tables on the CPU whatever EMBED_TEST_DEVICE says."""
-    handle = start(tiny_repo, device="cpu")
-    yield handle
-    handle.stop()
+def server(cpu_server: ServerHandle) -> ServerHandle:
+    """Every test here but the host-backed ones: the CPU server that refuses CUDA."""
+    return cpu_server
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +92,8 @@ def test_routes_and_methods(server: ServerHandle) -> None:
 
 @pytest.fixture
 def host_backed(tiny_repo: Path) -> Iterator[tuple[ServerHandle, HostOpener]]:
-    handle = start(tiny_repo)
-    opener = HostOpener()
-    handle.server.engine.cuda_shm = registry(opener, handle.server.engine.shm)
-    yield handle, opener
-    handle.stop()
+    with host_backed_server(tiny_repo) as backed:
+        yield backed
 
 
 def test_a_region_registered_over_rest_is_the_grpc_fronts(
@@ -132,8 +127,7 @@ def test_a_region_registered_over_rest_is_the_grpc_fronts(
 def test_non_local_peers_are_refused(tiny_repo: Path) -> None:
     address = non_loopback_address() or "127.0.0.1"
     remote = not address.startswith("127.")
-    with start(tiny_repo, host="0.0.0.0") as handle:
-        handle.server.engine.cuda_shm = registry(HostOpener(), handle.server.engine.shm)
+    with host_backed_server(tiny_repo, host="0.0.0.0") as (handle, _):
         c = th.InferenceServerClient(f"{address}:{handle.http_port}")
         try:
             if remote:

@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -43,15 +43,6 @@ def expect(port: int, body: dict[str, object], status: int, message: str,
     assert reply.headers["content-type"] == "application/json"
     good(port, headers)
     return reply
-
-
-@pytest.fixture(scope="module")
-def limited(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """Small limits and a token; a 1 s batch delay keeps work queued long enough."""
-    handle = start(tiny_repo, max_text_bytes=16, max_message_bytes=2000, max_batch_tokens=8,
-                   max_queue_tokens=8, max_batch_delay_us=1_000_000, auth_token="t0ken")
-    yield handle
-    handle.stop()
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -94,8 +85,8 @@ def test_not_found_and_failed_precondition(server: ServerHandle) -> None:
            "'none'", path="/v2/models/rope/infer")
 
 
-def test_unauthenticated_is_401(limited: ServerHandle) -> None:
-    port = limited.http_port
+def test_unauthenticated_is_401(limited_server: ServerHandle) -> None:
+    port = limited_server.http_port
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         reply = request(port, "POST", INFER, infer_body([[1]]), headers)
         assert (reply.status, reply.json()) == (
@@ -105,8 +96,8 @@ def test_unauthenticated_is_401(limited: ServerHandle) -> None:
     good(port, AUTH)
 
 
-def test_limits_as_on_grpc(limited: ServerHandle) -> None:
-    port = limited.http_port
+def test_limits_as_on_grpc(limited_server: ServerHandle) -> None:
+    port = limited_server.http_port
     expect(port, infer_body(texts=["é" * 9]), 400,
            "text[0] is 18 bytes; max_text_bytes is 16", AUTH)
     expect(port, infer_body([list(range(20))]), 429,
@@ -114,9 +105,9 @@ def test_limits_as_on_grpc(limited: ServerHandle) -> None:
            "the largest T that fits is 12", AUTH)
 
 
-def test_body_over_the_limit_is_413_before_reading(limited: ServerHandle) -> None:
+def test_body_over_the_limit_is_413_before_reading(limited_server: ServerHandle) -> None:
     # Headers only, claiming a gigabyte: the answer comes without a byte of body sent.
-    with socket.create_connection(("127.0.0.1", limited.http_port), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", limited_server.http_port), timeout=10) as s:
         s.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nAuthorization: "
                   b"Bearer t0ken\r\nContent-Length: 1000000000\r\n\r\n")
         head = s.recv(65536).decode()
@@ -124,18 +115,18 @@ def test_body_over_the_limit_is_413_before_reading(limited: ServerHandle) -> Non
     assert head.endswith('{"error": "request body is 1000000000 bytes; max_message_bytes is '
                          '2000"}')
     # Without a length, the body is read only until it passes the limit.
-    with socket.create_connection(("127.0.0.1", limited.http_port), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", limited_server.http_port), timeout=10) as s:
         chunk = b"%x\r\n%s\r\n" % (1500, b"x" * 1500)
         s.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nAuthorization: "
                   b"Bearer t0ken\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 2)
         head = s.recv(65536).decode()
     assert head.startswith("HTTP/1.1 413 ")
     assert head.endswith('{"error": "request body is over max_message_bytes 2000"}')
-    good(limited.http_port, AUTH)
+    good(limited_server.http_port, AUTH)
 
 
-def test_queue_full_is_429_and_deadline_is_504(limited: ServerHandle) -> None:
-    port = limited.http_port
+def test_queue_full_is_429_and_deadline_is_504(limited_server: ServerHandle) -> None:
+    port = limited_server.http_port
     first: list[Reply] = []
     holder = threading.Thread(target=lambda: first.append(
         request(port, "POST", INFER, infer_body([list(range(6))]), AUTH)))

@@ -20,7 +20,6 @@ import logging
 import re
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,9 +27,7 @@ from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from service.local import ServerHandle
-from tests.service.rpc.fuzz_oracle import SERVER_CONFIG
 from tests.service.rpc.fuzz_strategies import FUZZ
-from tests.tiny_model import start
 
 SECONDS_FLOOR = 0.05  # as test_fuzz.py: scheduling noise on a loaded machine, GC
 SECONDS_PER_BYTE = 2e-6
@@ -48,13 +45,6 @@ class _Tracebacks(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info or record.exc_text:
             self.seen.append(f"{record.name}: {record.getMessage()}")
-
-
-@pytest.fixture(scope="module")
-def rest_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    handle = start(tiny_repo, **SERVER_CONFIG)
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture(scope="module")
@@ -193,16 +183,16 @@ HEADERS = st.lists(st.tuples(st.sampled_from([b"Inference-Header-Content-Length"
          body=GOOD)
 @example(method=b"POST", path=b"/v2/models/tiny/infer", headers=[], body=b"x" * 300_000)
 def test_no_rest_input_is_a_5xx_and_its_cost_is_bounded_by_its_bytes(
-        rest_server: ServerHandle, tracebacks: _Tracebacks, method: bytes, path: bytes,
+        fuzz_server: ServerHandle, tracebacks: _Tracebacks, method: bytes, path: bytes,
         headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-    port = rest_server.http_port
+    port = fuzz_server.http_port
     size = len(path) + sum(len(k) + len(v) for k, v in headers) + len(body)
     bound = SECONDS_FLOOR + size * SECONDS_PER_BYTE
     spent, status, answer = [], 0, b""
     for _ in range(3):  # a real cost repeats; a stall of this loaded machine does not
-        before = server_seconds(rest_server)
+        before = server_seconds(fuzz_server)
         status, answer = exchange(port, method, path, headers, body)
-        spent.append(server_seconds(rest_server) - before)
+        spent.append(server_seconds(fuzz_server) - before)
         if spent[-1] <= bound:
             break
     deadline_set = any(k == b"grpc-timeout" for k, _ in headers)
@@ -218,8 +208,8 @@ GOOD_ANSWER: dict[int, tuple[int, bytes]] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def good_answer(rest_server: ServerHandle) -> None:
+def good_answer(fuzz_server: ServerHandle) -> None:
     """The known-good request's answer before any example (binary rows: exact bytes)."""
-    answer = exchange(rest_server.http_port, b"POST", b"/v2/models/tiny/infer", [], GOOD)
+    answer = exchange(fuzz_server.http_port, b"POST", b"/v2/models/tiny/infer", [], GOOD)
     assert answer[0] == 200
-    GOOD_ANSWER[rest_server.http_port] = answer
+    GOOD_ANSWER[fuzz_server.http_port] = answer

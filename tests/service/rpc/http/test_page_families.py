@@ -20,7 +20,12 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 
 from service.local import ServerHandle
-from tests.hf_models import HIDDEN, MAX_POS, build, reference, save
+from tests.hf_models import (
+    HIDDEN,
+    one_thread,  # noqa: F401  (autouse: the reference on the server's one thread)
+    reference,
+    served_models,
+)
 from tests.service.rpc.http.page_browser import (
     INKED,
     canvas_width,
@@ -28,8 +33,6 @@ from tests.service.rpc.http.page_browser import (
     text_of,
     wait_state,
 )
-from tests.tiny_model import start
-from training.importers import main as import_main
 
 IDS = [5, 17, 0, 95, 42, 42, 7, 63, 1, 88, 30]  # T=11, as tests/training/importers/test_families.py
 T = len(IDS)
@@ -136,29 +139,8 @@ def colours(rows: torch.Tensor) -> list[list[int]]:
 def families(tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[tuple[ServerHandle, dict[str, Any]]]:
     """One server over the imported models of MODELS, and the transformers models."""
-    tmp = tmp_path_factory.mktemp("page-hf")
-    repo = tmp / "models"
-    models: dict[str, Any] = {}
-    for seed, (name, (family, dtype)) in enumerate(MODELS.items()):
-        models[name] = build(family, seed=seed, dtype=dtype)
-        src = save(models[name], tmp / "src" / name)
-        args = ["hf", str(src), "--out", str(repo / name / "1")]
-        if family == "bloom":  # ALiBi: no max_position_embeddings in its config
-            args += ["--max-seq-len", str(MAX_POS)]
-        assert import_main(args) == 0
-    handle = start(repo, default_model="llama", metrics_port=-1)
-    yield handle, models
-    handle.stop()
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """The reference runs on the server's one torch thread: OPT's project_in is a GEMM whose
-    rounding depends on the thread count (tests/training/importers/test_families.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with served_models(tmp_path_factory.mktemp("page-hf"), MODELS, "llama") as served:
+        yield served
 
 
 def embed(driver: webdriver.Chrome, handle: ServerHandle, name: str,

@@ -5,34 +5,24 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
 
-import grpc
 import numpy as np
 import pytest
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.local import ServerHandle
-from tests.service.rpc.http.conftest import as_bits, binary_outputs, infer_body, request
+from tests.oip_cases import COMPOSE, DATATYPES, native_rows
+from tests.service.rpc.http.conftest import (
+    TINY_METADATA,
+    as_bits,
+    binary_outputs,
+    infer_body,
+    request,
+)
 from tests.tiny_model import DIM
 
 IDS = [[31373, 995, 0, 50256, 7], [1, 2, 3, 4, 5]]
-DATATYPES = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16, "BF16": pb.DTYPE_BFLOAT16}
-COMPOSE = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITION,
-           "token_only": pb.COMPOSE_TOKEN_ONLY, "position_only": pb.COMPOSE_POSITION_ONLY}
-
-
-@pytest.fixture(scope="module")
-def native(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
-    with grpc.insecure_channel(server.target) as channel:
-        yield pb_grpc.EmbeddingServiceStub(channel)
-
-
-def native_rows(stub: pb_grpc.EmbeddingServiceStub, rows: list[list[int]], **fields: object
-                ) -> bytes:
-    return b"".join(stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=r), **fields)  # type: ignore[arg-type]
-                               ).embeddings.data for r in rows)
 
 
 def test_health_metadata_and_index(server: ServerHandle) -> None:
@@ -43,16 +33,8 @@ def test_health_metadata_and_index(server: ServerHandle) -> None:
     assert meta.status == 200
     assert meta.headers["content-type"] == "application/json"
     assert meta.json()["extensions"] == ["parameters", "binary_tensor_data"]
-    expected = {
-        "name": "tiny", "versions": ["1"], "platform": "embedding",
-        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
-                   {"name": "text", "datatype": "BYTES", "shape": [-1]}],
-        "outputs": [{"name": "embeddings", "datatype": "FP32", "shape": [-1, -1, DIM]},
-                    {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}],
-        "parameters": {"family": "", "rules": "none", "tokenizer": "tiktoken:tokenizer.tiktoken",
-                       "hidden_size": DIM}}
-    assert request(port, "GET", "/v2/models/tiny").json() == expected
-    assert request(port, "GET", "/v2/models/tiny/versions/1").json() == expected
+    assert request(port, "GET", "/v2/models/tiny").json() == TINY_METADATA
+    assert request(port, "GET", "/v2/models/tiny/versions/1").json() == TINY_METADATA
     assert request(port, "GET", "/v2/models/tiny/ready").json() == {"name": "tiny",
                                                                     "ready": True}
     missing = request(port, "GET", "/v2/models/tiny/versions/9/ready")

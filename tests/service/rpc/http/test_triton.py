@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 import tritonclient.http as th
@@ -17,12 +16,10 @@ from tritonclient.utils import InferenceServerException
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.local import ServerHandle
-from tests.oip_cases import CASES, OipCase, Outcome, check
+from tests.oip_cases import CASES, COMPOSE, DATATYPES, OipCase, Outcome, check, native_rows
+from tests.service.rpc.http.conftest import TINY_METADATA
 from tests.tiny_model import DIM, start
 
-DATATYPES = {"FP32": pb.DTYPE_FLOAT32, "FP16": pb.DTYPE_FLOAT16, "BF16": pb.DTYPE_BFLOAT16}
-COMPOSE = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITION,
-           "token_only": pb.COMPOSE_TOKEN_ONLY, "position_only": pb.COMPOSE_POSITION_ONLY}
 IDS = np.array([[31373, 995, 0, 50256, 7], [1, 2, 3, 4, 5]], dtype=np.int64)
 
 
@@ -31,17 +28,6 @@ def client(server: ServerHandle) -> Iterator[th.InferenceServerClient]:
     c = th.InferenceServerClient(f"127.0.0.1:{server.http_port}")
     yield c
     c.close()
-
-
-@pytest.fixture(scope="module")
-def native(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
-    with grpc.insecure_channel(server.target) as channel:
-        yield pb_grpc.EmbeddingServiceStub(channel)
-
-
-def native_rows(stub: pb_grpc.EmbeddingServiceStub, **fields: object) -> bytes:
-    return b"".join(stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=row.tolist()),  # type: ignore[arg-type]
-                                               **fields)).embeddings.data for row in IDS)
 
 
 def ids_input(ids: np.ndarray, binary: bool = True) -> th.InferInput:
@@ -57,14 +43,7 @@ def test_health_and_metadata(client: th.InferenceServerClient) -> None:
     assert client.is_model_ready("tiny")
     assert client.is_model_ready("tiny", "1")
     assert not client.is_model_ready("nope")
-    assert client.get_model_metadata("tiny") == {
-        "name": "tiny", "versions": ["1"], "platform": "embedding",
-        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
-                   {"name": "text", "datatype": "BYTES", "shape": [-1]}],
-        "outputs": [{"name": "embeddings", "datatype": "FP32", "shape": [-1, -1, DIM]},
-                    {"name": "sequence_lengths", "datatype": "INT64", "shape": [-1]}],
-        "parameters": {"family": "", "rules": "none", "tokenizer": "tiktoken:tokenizer.tiktoken",
-                       "hidden_size": DIM}}
+    assert client.get_model_metadata("tiny") == TINY_METADATA
     assert client.get_server_metadata()["extensions"] == ["parameters", "binary_tensor_data"]
 
 
@@ -81,8 +60,8 @@ def test_binary_infer_equals_native(client: th.InferenceServerClient,
     x = result.as_numpy("embeddings")
     assert x is not None
     assert x.shape == (2, 5, DIM)
-    assert x.tobytes() == native_rows(native, start_position=3, compose=COMPOSE[compose],
-                                      dtype=DATATYPES[datatype])
+    assert x.tobytes() == native_rows(native, IDS.tolist(), start_position=3,
+                                      compose=COMPOSE[compose], dtype=DATATYPES[datatype])
     assert result.as_numpy("sequence_lengths").tolist() == [5, 5]
     response = result.get_response()
     assert response["id"] == "r-7"
@@ -100,7 +79,7 @@ def test_json_infer_fp32_equals_native(client: th.InferenceServerClient,
     x = result.as_numpy("embeddings")
     assert x is not None
     assert x.dtype == np.float32
-    assert x.tobytes() == native_rows(native, compose=COMPOSE[compose])
+    assert x.tobytes() == native_rows(native, IDS.tolist(), compose=COMPOSE[compose])
 
 
 def test_default_outputs_and_text(client: th.InferenceServerClient,

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from service.local import ServerHandle
-from tests.service.engine.cuda_memory import HANDLE, HostOpener, registry
+from tests.service.engine.cuda_memory import HANDLE, HostOpener, host_backed_server
 from tests.service.engine.cuda_server import child_server
 from tests.service.rpc.oip.conftest import Triton
-from tests.tiny_model import DIM, start
+from tests.tiny_model import DIM
 
 ROOT = Path(__file__).resolve().parents[4]
 TEXTS = ["hello world", "Input embeddings are what the first block reads."]
@@ -63,14 +63,6 @@ def test_messages_are_tritons() -> None:
                                        "CudaSharedMemoryUnregisterResponse"]}
 
 
-@pytest.fixture(scope="module")
-def cpu_server(tiny_repo: Path) -> Iterator[ServerHandle]:
-    """Tables on the CPU whatever EMBED_TEST_DEVICE says."""
-    handle = start(tiny_repo, device="cpu")
-    yield handle
-    handle.stop()
-
-
 def test_cpu_server_refuses_cuda_registration(cpu_server: ServerHandle, triton: Triton) -> None:
     register, short, status, unregister, unregister_all, meta = triton(cpu_server.target, [
         {"op": "cuda_register", "name": "g", "raw_handle": HANDLE.hex(), "byte_size": 4096},
@@ -91,11 +83,8 @@ def test_cpu_server_refuses_cuda_registration(cpu_server: ServerHandle, triton: 
 
 @pytest.fixture
 def host_backed(tiny_repo: Path) -> Iterator[tuple[ServerHandle, HostOpener]]:
-    handle = start(tiny_repo)
-    opener = HostOpener()
-    handle.server.engine.cuda_shm = registry(opener, handle.server.engine.shm)
-    yield handle, opener
-    handle.stop()
+    with host_backed_server(tiny_repo) as backed:
+        yield backed
 
 
 def test_registration_status_and_padded_rows(host_backed: tuple[ServerHandle, HostOpener],

@@ -4,10 +4,8 @@ offsets, text, and every row of the shared request table (``tests/vectors/oip_ca
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 
@@ -15,25 +13,22 @@ from client.shm import SharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.local import ServerHandle
-from tests.oip_cases import CASES, SERVERS, OipCase, Outcome, check
+from tests.oip_cases import (
+    CASES,
+    COMPOSE,
+    DATATYPES,
+    SERVERS,
+    OipCase,
+    Outcome,
+    check,
+    native_rows,
+)
 from tests.service.rpc.oip.conftest import Triton
 from tests.tiny_model import DIM, start
 
-DATATYPES = {"FP32": (pb.DTYPE_FLOAT32, "float32"), "FP16": (pb.DTYPE_FLOAT16, "float16"),
-             "BF16": (pb.DTYPE_BFLOAT16, "bfloat16")}
-COMPOSE = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITION,
-           "token_only": pb.COMPOSE_TOKEN_ONLY, "position_only": pb.COMPOSE_POSITION_ONLY}
+# The driver names an output array by its numpy dtype.
+NUMPY_DTYPES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"}
 IDS = [[31373, 995, 0, 50256, 7], [1, 2, 3, 4, 5]]
-
-
-@pytest.fixture(scope="module")
-def native(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
-    with grpc.insecure_channel(server.target) as channel:
-        yield pb_grpc.EmbeddingServiceStub(channel)
-
-
-def native_rows(stub: pb_grpc.EmbeddingServiceStub, **fields: object) -> bytes:
-    return stub.Embed(pb.EmbedRequest(**fields)).embeddings.data  # type: ignore[arg-type]
 
 
 def test_health_and_metadata(server: ServerHandle, triton: Triton) -> None:
@@ -60,11 +55,10 @@ def test_infer_equals_native_embed(server: ServerHandle, triton: Triton,
     (got,) = triton(server.target, [{
         "op": "infer", "ids": IDS, "id": "r-1", "outputs": ["embeddings"],
         "parameters": {"start_position": 3, "compose": compose, "datatype": datatype}}])
-    dtype, np_dtype = DATATYPES[datatype]
-    want = b"".join(native_rows(native, token_ids=pb.TokenIds(ids=ids), start_position=3,
-                                compose=COMPOSE[compose], dtype=dtype) for ids in IDS)
+    want = native_rows(native, IDS, start_position=3, compose=COMPOSE[compose],
+                       dtype=DATATYPES[datatype])
     out = got["ok"]["outputs"]["embeddings"]
-    assert (out["dtype"], out["shape"]) == (np_dtype, [2, 5, DIM])
+    assert (out["dtype"], out["shape"]) == (NUMPY_DTYPES[datatype], [2, 5, DIM])
     assert bytes.fromhex(out["hex"]) == want
     assert list(got["ok"]["outputs"]) == ["embeddings"]
     assert (got["ok"]["model_name"], got["ok"]["model_version"], got["ok"]["id"]) == \
@@ -82,7 +76,8 @@ def test_text_batch_pads_shorter_sequences_with_zero_rows(
     assert lengths == [4, 1]  # "hello", " world", ",", " again" | "hi"
     rows = np.frombuffer(bytes.fromhex(out["embeddings"]["hex"]), np.float16).reshape(2, 4, DIM)
     for b, text in enumerate(texts):
-        want = np.frombuffer(native_rows(native, text=text, dtype=pb.DTYPE_FLOAT16), np.float16)
+        want = np.frombuffer(native.Embed(pb.EmbedRequest(text=text, dtype=pb.DTYPE_FLOAT16)
+                                          ).embeddings.data, np.float16)
         assert rows[b, : lengths[b]].tobytes() == want.tobytes()
     assert not rows[1, 1:].any()  # padding rows are zero
 
@@ -153,9 +148,7 @@ def test_no_model_loaded_is_unavailable(tmp_path: Path, triton: Triton) -> None:
 @pytest.mark.parametrize("datatype", list(DATATYPES))
 def test_shared_memory_output(server: ServerHandle, triton: Triton,
                               native: pb_grpc.EmbeddingServiceStub, datatype: str) -> None:
-    dtype, _ = DATATYPES[datatype]
-    want = b"".join(native_rows(native, token_ids=pb.TokenIds(ids=ids), dtype=dtype)
-                    for ids in IDS)
+    want = native_rows(native, IDS, dtype=DATATYPES[datatype])
     with SharedMemoryRegion("triton", 8192) as region:
         register, status, got, too_small, unregister = triton(server.target, [
             {"op": "shm_register", "name": "out0", "key": region.key, "byte_size": 8192},
