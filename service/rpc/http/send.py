@@ -33,6 +33,10 @@ class BufferAnswer(web.StreamResponse):
 
     HEAD = 1 << 16
     SLICE = 1 << 20
+    # Headers wait for the first write and leave with it (one send, not two: a separate
+    # send of the headers was a syscall per answer). aiohttp's web.Response does the same;
+    # a StreamResponse sends them at prepare() unless told so.
+    _send_headers_immediately = False
 
     def __init__(self, body: bytes, content_type: str, headers: dict[str, str] | None = None,
                  held: int = 0, budgets: Any = None) -> None:
