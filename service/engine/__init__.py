@@ -12,7 +12,8 @@ from service.engine.budgets import RestHold, RestSlots, Slot, StreamBudgets, Str
 from service.engine.cuda_shm import CudaSharedMemoryRegistry
 from service.engine.engine import Engine, Request
 from service.engine.loading import LoadedModel
-from service.engine.replies import NativeReply, OipReply, RegionOutput, RestAnswer, RestReply
+from service.engine.replies import NativeReply, OipReply, RegionOutput
+from service.engine.rest_reply import RestAnswer, RestReply
 
 __all__ = ["Admitted", "CudaSharedMemoryRegistry", "Engine", "Input", "Inputs", "LoadedModel",
            "NativeReply", "OipReply", "Options", "RegionOutput", "Request", "RestAnswer",

@@ -33,7 +33,7 @@ from service.engine.cuda_plan import CudaPlan
 from service.engine.cuda_shm import CudaSharedMemoryRegistry
 from service.engine.loading import LoadedModel
 from service.engine.regions import Caller
-from service.engine.replies import Reply
+from service.engine.replies import Reply, padded_shape
 from service.engine.repository import Repository
 from service.engine.shm import SharedMemoryRegistry
 from service.engine.shm_plan import ShmPlan
@@ -138,9 +138,7 @@ class Engine:
         assert caller is not None, "a region is named on behalf of a caller"
         assert reply.region is not None
         out = reply.region
-        lengths = admitted.lengths
-        shape = ((len(lengths), max(lengths), admitted.dim) if reply.padded
-                 else (admitted.tokens, admitted.dim))
+        shape = padded_shape(admitted, reply.padded)
         cuda = self.cuda_shm.owns(caller, out.name) if out.cuda is None else out.cuda
         registry: SharedMemoryRegistry | CudaSharedMemoryRegistry = (
             self.cuda_shm if cuda else self.shm)

@@ -2,8 +2,8 @@
 
 A front hands the engine a ``Reply`` with its request: the native ``EmbedResponse`` /
 ``EmbedBatchResponse`` (``NativeReply``), the Open Inference Protocol's
-``ModelInferResponse`` (``OipReply``) or its REST body (``RestReply``). Why the engine and
-not the front lays the answer out: the rows are written once, straight into the response
+``ModelInferResponse`` (``OipReply``) or its REST body (``rest_reply.RestReply``). Why the
+engine and not the front lays the answer out: the rows are written once, straight into the response
 bytes (``message.MessageBuffer``), and where they start depends on what admission decided
 (the model, T, the ids kept). So once a request is admitted the engine asks its reply for
 the answer's size (``prepare``: every field but the rows and the timing), then for the
@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
-import orjson
-import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
@@ -41,11 +39,10 @@ from service.engine.message import (
 from service.engine.shm_plan import ShmPlan
 from service.engine.validation import TokenSequence
 
-__all__ = ["NativeReply", "OipReply", "RegionOutput", "Reply", "RestAnswer", "RestReply"]
+__all__ = ["NativeReply", "OipReply", "RegionOutput", "Reply", "padded_shape"]
 
 R = TypeVar("R")
 _RAW_OUTPUT_FIELD = 6  # ModelInferResponse.raw_output_contents
-_REST_ORDER = ("embeddings", "sequence_lengths")  # REST outputs when none are named
 
 
 @dataclass(frozen=True)
@@ -75,7 +72,8 @@ class Reply(Generic[R]):
         raise NotImplementedError
 
 
-def _shape(admitted: Admitted, padded: bool) -> tuple[int, ...]:
+def padded_shape(admitted: Admitted, padded: bool) -> tuple[int, ...]:
+    """(B, T, C) of a padded answer, (ΣT, C) of a packed one."""
     lengths = admitted.lengths
     if padded:
         return len(lengths), max(lengths), admitted.dim  # (B, T, C)
@@ -168,7 +166,7 @@ class OipReply(Reply[bytes]):
     def prepare(self, admitted: Admitted, untrained: list[list[int]] | None) -> int:
         self._admitted = admitted
         self._fields = self._tail(admitted)
-        B, T, C = _shape(admitted, True)
+        B, T, C = padded_shape(admitted, True)
         rows = 0 if self.region is not None else B * T * C * admitted.itemsize
         return rows + len(self._fields) + 8 * B + 64
 
@@ -176,7 +174,7 @@ class OipReply(Reply[bytes]):
         """Every field but the rows, serialised: the fields that repeat from request to
         request once per (model, shape, ...), then this request's id."""
         model, sequences = admitted.model, admitted.sequences
-        B, T, C = _shape(admitted, True)
+        B, T, C = padded_shape(admitted, True)
         tail = _oip_fields(model.name, model.version, model.checkpoint_id,
                            BY_WIRE[admitted.options.dtype].oip, B, T, C, self._lengths,
                            sum(f.truncated_tokens for f in sequences),
@@ -189,7 +187,7 @@ class OipReply(Reply[bytes]):
     def destination(self, region: ShmPlan | CudaPlan | None) -> Destination:
         admitted = self._admitted
         assert admitted is not None
-        B, T, C = _shape(admitted, True)
+        B, T, C = padded_shape(admitted, True)
         dtype = admitted.options.dtype
         if region is not None:
             assert self.region is not None
@@ -229,119 +227,3 @@ def _oip_fields(model: str, version: int, checkpoint_id: str, datatype: str, B: 
         fields.outputs.append(out(name="sequence_lengths", datatype="INT64", shape=[B]))
     data: bytes = fields.SerializeToString()
     return data
-
-
-@dataclass(frozen=True)
-class RestAnswer:
-    """A REST infer answer's body, its content type and, when binary data follows the
-    JSON header, the header's length (``Inference-Header-Content-Length``)."""
-
-    body: bytes
-    content_type: str
-    header_length: int | None
-
-
-class RestReply(Reply[RestAnswer]):
-    """The REST infer answer: a JSON header, then the binary outputs in output order
-    (Triton's binary tensor data extension), or the rows as JSON numbers."""
-
-    padded = True
-
-    def __init__(self, request_id: str, outputs: list[tuple[str, bool]]) -> None:
-        self._id = request_id
-        self._outputs = outputs  # (name, binary), in response order
-        self._header: dict[str, Any] = {}
-        self._admitted: Admitted | None = None
-
-    def prepare(self, admitted: Admitted, untrained: list[list[int]] | None) -> int:
-        model, lengths = admitted.model, admitted.lengths
-        B, T, C = _shape(admitted, True)
-        datatype = BY_WIRE[admitted.options.dtype].oip
-        outputs = []
-        for name, binary in self._outputs:
-            if name == "embeddings":
-                o: dict[str, Any] = {"name": name, "datatype": datatype, "shape": [B, T, C]}
-                size = B * T * C * admitted.itemsize
-            else:
-                o = {"name": name, "datatype": "INT64", "shape": [B]}
-                size = 8 * B
-                if not binary:
-                    o["data"] = lengths
-            if binary:
-                o["parameters"] = {"binary_data_size": size}
-            outputs.append(o)
-        self._header = {
-            "model_name": model.name, "model_version": str(model.version),
-            **({"id": self._id} if self._id else {}),
-            "parameters": {"checkpoint_id": model.checkpoint_id,
-                           "start_position": admitted.sequences[0].start_position,
-                           "truncated_tokens": sum(f.truncated_tokens
-                                                   for f in admitted.sequences)},
-            "outputs": outputs}
-        self._admitted = admitted
-        # An upper bound, known now: the rows as binary, or as JSON numbers (at most 24
-        # characters and a comma each), the sequence lengths, and the header (id escaped).
-        values = B * T * C
-        rows = values * admitted.itemsize if dict(self._outputs)["embeddings"] else values * 25
-        return rows + 24 * B * 2 + 4096 + 6 * len(self._id)
-
-    def destination(self, region: ShmPlan | CudaPlan | None) -> Destination:
-        admitted = self._admitted
-        assert admitted is not None
-        assert region is None  # REST answers carry their rows
-        B, T, C = _shape(admitted, True)
-        dtype = BY_WIRE[admitted.options.dtype].torch
-        lengths_raw = np.asarray(admitted.lengths, dtype="<i8").tobytes()
-        if not dict(self._outputs)["embeddings"]:
-            return _RestJson(self._header, torch.empty(B * T, C, dtype=dtype),
-                             lengths_raw if dict(self._outputs).get("sequence_lengths")
-                             else None)
-        head = orjson.dumps(self._header)  # ~0.5 µs; json.dumps takes ~8
-        order = [n for n, binary in self._outputs if binary]
-        at = order.index("embeddings")
-        before = b"".join(lengths_raw for n in order[:at])
-        after = b"".join(lengths_raw for n in order[at + 1:])
-        return _RestBinary(head + before, (B * T, C), dtype, after, len(head))
-
-
-class _RestBinary(MessageBuffer):
-    """The binary body: the JSON header, the binary outputs before the rows, the rows,
-    the ones after."""
-
-    __slots__ = ("header_length",)
-
-    def __init__(self, head: bytes, shape: tuple[int, int], dtype: torch.dtype, tail: bytes,
-                 header_length: int) -> None:
-        super().__init__(head, shape, dtype, tail)
-        self.header_length = header_length
-
-    def finish(self, timing: Timing) -> RestAnswer:  # type: ignore[override]
-        return RestAnswer(super().finish(timing), "application/octet-stream",
-                          self.header_length)
-
-
-class _RestJson:
-    """The rows in a private buffer, written out as JSON numbers once looked up."""
-
-    __slots__ = ("_header", "_lengths_raw", "rows")
-
-    def __init__(self, header: dict[str, Any], rows: torch.Tensor,
-                 lengths_raw: bytes | None) -> None:
-        self._header = header
-        self.rows = rows  # (B*T, C)
-        self._lengths_raw = lengths_raw  # sequence_lengths asked for as binary
-
-    def finish(self, timing: Timing) -> RestAnswer:
-        header = dict(self._header)
-        header["outputs"] = [dict(o) for o in header["outputs"]]
-        for o in header["outputs"]:
-            if o["name"] == "embeddings":
-                # Widened to float64 and printed as the shortest decimal that reads back as
-                # that double: a reader's float32(double) is the row's value bit for bit
-                # (a float32's own shortest decimal, read as a double, could round twice).
-                # orjson writes numpy arrays in C: T=1024 x 768 in ~0.1 s, not ~0.7 s.
-                o["data"] = self.rows.reshape(-1).numpy().astype(np.float64)
-        head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
-        if self._lengths_raw is not None:
-            return RestAnswer(head + self._lengths_raw, "application/octet-stream", len(head))
-        return RestAnswer(head, "application/json", None)

@@ -5,15 +5,16 @@ and on the same event loop: the same admission, batcher, limits and status table
 ``/v2`` route runs inside ``Frame.run`` (auth, draining, metrics, error→status), applied
 once where the route table is registered (``HttpFront._dispatch``), never per handler;
 ``Refused.code`` becomes the HTTP status in ``errors.http_status_for`` and the body is
-``{"error": "<message>"}``. Open without credentials, like gRPC health and reflection:
-only the page's static files (they hold no data; the page's own calls carry the token).
+``{"error": "<message>"}``; what each route answers is ``endpoints.py``. Open without
+credentials, like gRPC health and reflection: only the page's static files (they hold no
+data; the page's own calls carry the token).
 
 Why aiohttp's low-level server (``aiohttp.web.Server``): it runs on the asyncio loop the
 gRPC server already uses (so a request is admitted and batched on the loop that batches
 gRPC requests, with no thread hop), parses with llhttp in C, sends the ``bytes`` body the
 lookup wrote in place (after the headers, never joined to them: ``send.BufferAnswer``),
 and takes an ``ssl.SSLContext`` for TLS/mTLS. No ``web.Application``: the route table here is
-eight patterns, and its router, middleware chain and signals would be work per request
+a handful of patterns, and its router, middleware chain and signals would be work per request
 for nothing. uvicorn (httptools) would need an ASGI layer and its own server lifecycle
 beside gRPC's; measured figures against a ceiling and a lookup floor on this same library
 are in ``bench/``.
@@ -31,14 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 import grpc
@@ -47,37 +46,27 @@ from aiohttp import web
 from service import tracing
 from service.engine import (
     Engine,
-    Request,
-    RestHold,
-    RestReply,
     RestSlots,
     Slot,
     StreamBudgets,
 )
-from service.errors import EmbedError, InvalidArgument, http_status_for
+from service.errors import http_status_for
 from service.rpc.frame import Call, Frame, Refused
 from service.rpc.http.cuda_shm import CUDA_SHM_ROUTES, CudaShmRoutes
-from service.rpc.http.facts import model_facts
-from service.rpc.http.infer import EXTENSIONS, parse_infer
+from service.rpc.http.endpoints import SLOT, Endpoints
 from service.rpc.http.send import BufferAnswer, linger, send
 from service.rpc.http.wire import (
-    HEADER_LENGTH,
     BodyTimeout,
     WireLog,
     deadline,
     error_response,
-    header_length,
-    json_response,
     page_files,
-    read_body,
 )
-from service.rpc.oip_tensors import model_metadata, model_version
 
 __all__ = ["HttpFront"]
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 Handler = Callable[[web.BaseRequest, dict[str, str], Call], Awaitable[web.StreamResponse]]
-SLOT = web.RequestKey("slot", Slot)  # the request's in-flight slot, for infer's budget wait
 
 
 @dataclass(frozen=True)
@@ -114,16 +103,17 @@ class HttpFront:
         self.ui = ui
         self.max_body = engine.limits.max_message_bytes
         # Registered in one table; _dispatch puts every route inside the frame.
+        e = Endpoints(engine, self.slots, self.budgets, self.max_body)
         self.routes = [
-            Route("GET", re.compile(r"/v2/health/live"), "ServerLive", self.server_live),
-            Route("GET", re.compile(r"/v2/health/ready"), "ServerReady", self.server_ready),
-            Route("GET", re.compile(r"/v2/?"), "ServerMetadata", self.server_metadata),
-            Route("GET", re.compile(_MODEL), "ModelMetadata", self.model_metadata),
-            Route("GET", re.compile(_MODEL + "/ready"), "ModelReady", self.model_ready),
-            Route("POST", re.compile(_MODEL + "/infer"), "ModelInfer", self.infer),
-            Route("POST", re.compile(_MODEL + "/tokenize"), "Tokenize", self.tokenize),
+            Route("GET", re.compile(r"/v2/health/live"), "ServerLive", e.server_live),
+            Route("GET", re.compile(r"/v2/health/ready"), "ServerReady", e.server_ready),
+            Route("GET", re.compile(r"/v2/?"), "ServerMetadata", e.server_metadata),
+            Route("GET", re.compile(_MODEL), "ModelMetadata", e.model_metadata),
+            Route("GET", re.compile(_MODEL + "/ready"), "ModelReady", e.model_ready),
+            Route("POST", re.compile(_MODEL + "/infer"), "ModelInfer", e.infer),
+            Route("POST", re.compile(_MODEL + "/tokenize"), "Tokenize", e.tokenize),
             Route("POST", re.compile(r"/v2/repository/index"), "RepositoryIndex",
-                  self.repository_index)]
+                  e.repository_index)]
         cuda = CudaShmRoutes(engine, self.max_body)
         self.routes += [Route(method, re.compile(pattern), rpc, getattr(cuda, name))
                         for method, pattern, rpc, name in CUDA_SHM_ROUTES]
@@ -253,108 +243,6 @@ class HttpFront:
         data, content_type = self._page[name]
         return web.Response(body=data, content_type=content_type,
                             headers={"Cache-Control": "no-cache"})
-
-    # -- health and metadata --------------------------------------------------------------
-
-    async def server_live(self, request: web.BaseRequest, params: dict[str, str],
-                          call: Call) -> web.StreamResponse:
-        """200 while the process answers (the frame answers 503 while draining)."""
-        return json_response({"live": True})
-
-    async def server_ready(self, request: web.BaseRequest, params: dict[str, str],
-                           call: Call) -> web.StreamResponse:
-        """200 when a model is loaded; 400 (the protocol's "4xx is false") before."""
-        ready = self.engine.ready
-        return json_response({"ready": ready}, 200 if ready else 400)
-
-    async def model_ready(self, request: web.BaseRequest, params: dict[str, str],
-                          call: Call) -> web.StreamResponse:
-        """200 when the model (and version) is loaded, else 400."""
-        try:
-            self.engine.model(params["model"], model_version(params.get("version", "")))
-        except EmbedError:
-            return json_response({"name": params["model"], "ready": False}, 400)
-        return json_response({"name": params["model"], "ready": True})
-
-    async def server_metadata(self, request: web.BaseRequest, params: dict[str, str],
-                              call: Call) -> web.StreamResponse:
-        """Name, version and the protocol extensions served over HTTP."""
-        try:
-            version = metadata.version("embedding-service")
-        except metadata.PackageNotFoundError:
-            version = "0"
-        return json_response({"name": "embedding-service", "version": version,
-                      "extensions": EXTENSIONS})
-
-    async def model_metadata(self, request: web.BaseRequest, params: dict[str, str],
-                             call: Call) -> web.StreamResponse:
-        """The model's tensors, as the gRPC form's ModelMetadata states them."""
-        model = self.engine.model(params["model"], model_version(params.get("version", "")))
-        return json_response(model_metadata(model))
-
-    async def repository_index(self, request: web.BaseRequest, params: dict[str, str],
-                               call: Call) -> web.StreamResponse:
-        """Every version on disk (Triton's repository extension): READY, UNAVAILABLE or
-        AVAILABLE; ``{"ready": true}`` in the body lists the served ones only."""
-        body = await read_body(request, self.max_body, call.deadline)
-        only_ready = False
-        if body.strip():
-            try:
-                only_ready = json.loads(body).get("ready", False) is True
-            except (ValueError, AttributeError, RecursionError):
-                raise InvalidArgument("repository index body must be a JSON object") from None
-        rows = [{"name": n, "version": str(v), "state": s, "reason": r}
-                for n, v, s, r in self.engine.repo.index() if not only_ready or s == "READY"]
-        return json_response(rows)
-
-    # -- inference ------------------------------------------------------------------------
-
-    async def infer(self, request: web.BaseRequest, params: dict[str, str],
-                    call: Call) -> web.StreamResponse:
-        """Token ids or text in, [B, T, C] input embeddings out (binary or JSON)."""
-        body = await read_body(request, self.max_body, call.deadline)
-        infer = parse_infer(body, header_length(request), params["model"],
-                            model_version(params.get("version", "")))
-        # The answer's bytes are held once it is admitted, before its output is allocated
-        # (past --max-unsent-bytes: a second's wait without the slot, then 429), and given
-        # back once sent.
-        hold = RestHold(self.slots, request[SLOT])
-        try:
-            answer = await self.engine.embed(Request(
-                infer.options, infer.inputs, RestReply(infer.request_id, infer.outputs),
-                call.start_ns, call.deadline, infer.request_id, call, hold))
-        except BaseException:
-            hold.give_back()
-            raise
-        headers = (None if answer.header_length is None
-                   else {HEADER_LENGTH: str(answer.header_length)})
-        return BufferAnswer(answer.body, answer.content_type, headers, hold.held, self.budgets)
-
-    async def tokenize(self, request: web.BaseRequest, params: dict[str, str],
-                       call: Call) -> web.StreamResponse:
-        """The page's helper: an infer request's sequences as admission reads them (ids
-        after truncation, each token's text, each row's untrained flag) and the model's
-        widths and rules (``facts.model_facts``); no lookup."""
-        body = await read_body(request, self.max_body, call.deadline)
-        infer = parse_infer(body, header_length(request), params["model"],
-                            model_version(params.get("version", "")))
-        admitted = await self.engine.read(infer.options, infer.inputs)
-        model = admitted.model
-        sequences = []
-        for seq in admitted.sequences:
-            ids = seq.ids.tolist()
-            try:
-                tokens: list[str] | None = [t.decode("utf-8", "replace")
-                                            for t in model.tokenizer.token_bytes(ids)]
-            except EmbedError:  # a model served without a tokenizer
-                tokens = None
-            untrained = (model.untrained[seq.ids].tolist() if model.untrained is not None
-                         else None)
-            sequences.append({"ids": ids, "tokens": tokens, "untrained": untrained,
-                              "start_position": seq.start_position,
-                              "truncated_tokens": seq.truncated_tokens})
-        return json_response({"model_name": model.name, "model_version": str(model.version),
-                              **model_facts(model), "sequences": sequences})
 
 
 def _refusal(r: Refused) -> web.StreamResponse:
