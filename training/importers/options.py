@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from client.flags import OneLineParser
@@ -50,7 +50,6 @@ RULES: dict[str, str] = {
     "encoding": "a name of letters, digits, '_', '-' or '.'; only with --tokenizer",
     "discover": "a flag (hf, hf-gpt2, hf-llama)",
 }
-_TIKTOKEN_ONLY = ("pat_str", "special_tokens", "encoding")
 
 
 def _positive_int(text: str) -> int:
@@ -85,6 +84,23 @@ def _pat_str(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression ({e})"
                                           ) from None
     return text
+
+
+# The --tokenizer file's own settings (only with --tokenizer), by dest in --help's order:
+# the value's type, its metavar, and what it is.
+_TIKTOKEN_ONLY: dict[str, tuple[Callable[[str], str] | None, str, str]] = {
+    "pat_str": (_pat_str, "REGEX", "pre-tokenizer regular expression (default: GPT-2's for "
+                                   "gpt2, Llama 3's otherwise)"),
+    "special_tokens": (None, "JSON", "special tokens: a JSON object of token -> id (id >= 0), "
+                                     "or a file holding one"),
+    "encoding": (_encoding, "NAME", "encoding name: letters, digits, '_', '-' or '.' "
+                                    "(default: gpt2 for gpt2, llama3 otherwise)"),
+}
+
+
+def _flag(dest: str) -> str:
+    """The option that sets ``dest``: ``pat_str`` -> ``--pat-str``."""
+    return "--" + dest.replace("_", "-")
 
 
 def build_parser(description: str = "") -> argparse.ArgumentParser:
@@ -131,15 +147,9 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
                             "family without a position table whose config.json states none "
                             "(BLOOM); it may override the config's; refused for learned "
                             "position tables (their row count is the limit)")
-        s.add_argument("--pat-str", type=_pat_str, metavar="REGEX",
-                       help="the --tokenizer file's pre-tokenizer regular expression "
-                            "(default: GPT-2's for gpt2, Llama 3's otherwise)")
-        s.add_argument("--special-tokens", metavar="JSON",
-                       help="the --tokenizer file's special tokens: a JSON object of token "
-                            "-> id (id >= 0), or a file holding one")
-        s.add_argument("--encoding", type=_encoding, metavar="NAME",
-                       help="the --tokenizer file's encoding name: letters, digits, '_', '-' "
-                            "or '.' (default: gpt2 for gpt2, llama3 otherwise)")
+        for dest, (type_, metavar, what) in _TIKTOKEN_ONLY.items():
+            s.add_argument(_flag(dest), type=type_, metavar=metavar,
+                           help=f"the --tokenizer file's {what}")
         s.add_argument("--discover", action="store_true",
                        help="find the rule by running the family's transformers code even "
                             "for a hand-written family, and refuse unless both agree "
@@ -180,21 +190,20 @@ def _check(args: argparse.Namespace) -> str | None:
     hf = args.command in HF_COMMANDS
     given = {k for k in ("tokenizer", *_TIKTOKEN_ONLY) if getattr(args, k, None) is not None}
     if args.name_map_check:
-        writes = [f"--{k.replace('_', '-')}" for k in ("out", "dtype") if getattr(args, k)]
-        writes += [f"--{k.replace('_', '-')}" for k in sorted(given)]
+        writes = [_flag(k) for k in ("out", "dtype") if getattr(args, k)]
+        writes += [_flag(k) for k in sorted(given)]
         writes += ["--no-tokenizer"] if getattr(args, "no_tokenizer", False) else []
         if writes:
             return f"--name-map-check writes nothing: {', '.join(writes)} would not be used"
     elif args.out is None:
         return "--out models/<name>/<version> is required (or --name-map-check)"
     if hf and args.no_tokenizer and given:
-        return (f"--no-tokenizer imports ids-only: "
-                f"{', '.join('--' + k.replace('_', '-') for k in sorted(given))} would not "
-                f"be used")
+        return (f"--no-tokenizer imports ids-only: {', '.join(_flag(k) for k in sorted(given))} "
+                f"would not be used")
     if hf and args.tokenizer is None:
         for k in _TIKTOKEN_ONLY:
             if getattr(args, k) is not None:
-                return f"--{k.replace('_', '-')}: {RULES[k]}"
+                return f"{_flag(k)}: {RULES[k]}"
     source = args.dir if hf else args.ckpt
     label = "DIR" if hf else "CKPT"
     if hf and not source.is_dir():
