@@ -41,35 +41,39 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+# What three options each accept, and what is too long for a row.
+TOKENS = "a number of tokens >= 1"
+BYTES = "a size in bytes >= 1"
+COUNT = "an integer >= 1"
+TOKEN_TEXT = "a token of visible ASCII characters, without spaces or line breaks ('' = none)"
+OTLP_URL = "'' (off) or a collector URL, http://host:port or https://host:port"
 # The options one refused and one accepted value show: (option, a refused value, what the
 # option accepts, an accepted value).
 ONE_EACH: list[OneEach] = [
     ("--table-dtype", "fp16", "one of stored, float32, float16, bfloat16", "bfloat16"),
-    ("--max-batch-tokens", "0", "a number of tokens >= 1", "1"),
+    ("--max-batch-tokens", "0", TOKENS, "1"),
     ("--max-batch-delay-us", "-5", "a number of microseconds >= 0", "0"),
-    ("--max-queue-tokens", "0", "a number of tokens >= 1", "16384"),
-    ("--max-tokens-per-request", "1e3", "a number of tokens >= 1", "1000"),
-    ("--max-text-bytes", "0", "a size in bytes >= 1", "1"),
+    ("--max-queue-tokens", "0", TOKENS, "16384"),
+    ("--max-tokens-per-request", "1e3", TOKENS, "1000"),
+    ("--max-text-bytes", "0", BYTES, "1"),
     ("--max-message-bytes", "2147483648", "a size in bytes in [1, 2147483647]", "2147483647"),
     ("--max-output-bytes", "-1", "a size in bytes >= 0 (0 = --max-message-bytes)", "0"),
     ("--poll-seconds", "nan", "a number of seconds >= 0 (0 = no hot reload)", "0.5"),
     ("--load-grace-seconds", "-1", "a number of seconds >= 0", "0"),
     ("--shutdown-grace-seconds", "inf", "a number of seconds >= 0", "2.5"),
-    ("--auth-token", "s3cret\n", "a token of visible ASCII characters, without spaces or line "
-                                 "breaks ('' = none)", "s3cret"),
+    ("--auth-token", "s3cret\n", TOKEN_TEXT, "s3cret"),
     ("--log-format", "JSON", "one of json, text", "json"),
     ("--tokenize-threads", "-1", "an integer >= 0 (0 = one per core)", "0"),
     ("--torch-threads", "two", "an integer >= 0 (0 = torch's default)", "2"),
-    ("--max-inputs-per-request", "0", "an integer >= 1", "1"),
-    ("--max-request-text-bytes", "0", "a size in bytes >= 1", "100"),
+    ("--max-inputs-per-request", "0", COUNT, "1"),
+    ("--max-request-text-bytes", "0", BYTES, "100"),
     ("--max-concurrent-rpcs", "-1", "an integer >= 0 (0 = no cap)", "0"),
-    ("--max-stream-buffer-bytes", "0", "a size in bytes >= 1", "4096"),
+    ("--max-stream-buffer-bytes", "0", BYTES, "4096"),
     ("--max-unsent-bytes", "-1", "a size in bytes >= 0 (0 = no cap)", "0"),
-    ("--otlp-endpoint", "otel-collector:4317", "'' (off) or a collector URL, http://host:port or "
-                                               "https://host:port", "http://otel-collector:4317"),
+    ("--otlp-endpoint", "otel-collector:4317", OTLP_URL, "http://otel-collector:4317"),
     ("--trace-sample-ratio", "1.5", "a number in [0, 1]", "0.25"),
-    ("--max-shm-regions-per-identity", "0", "an integer >= 1", "1"),
-    ("--max-shm-regions", "0", "an integer >= 1", "16"),
+    ("--max-shm-regions-per-identity", "0", COUNT, "1"),
+    ("--max-shm-regions", "0", COUNT, "16"),
 ]
 
 
