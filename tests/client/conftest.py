@@ -1,9 +1,12 @@
 """Client fixtures on top of tests/conftest.py's real server: the tables, read back, a
-server that asks for a token, and certificates made by openssl for the TLS tests."""
+server that asks for a token, certificates made by openssl for the TLS tests, and the
+listeners a client gets no answer from (embedctl's and the Node.js CLI's diagnoses)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -70,3 +73,57 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _signed("server", "localhost", d, "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     _signed("client", "embed-client", d, "extendedKeyUsage=clientAuth\n")
     return d
+
+
+@pytest.fixture(scope="module")
+def tls_server(tiny_repo: Path, certs: Path) -> Iterator[ServerHandle]:
+    """TLS without client certificates: a server certificate signed by the test CA."""
+    handle = start(tiny_repo, tls_cert=str(certs / "server.pem"),
+                   tls_key=str(certs / "server.key"))
+    yield handle
+    handle.stop(grace=0.5)
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A port nothing listens on: bound by the kernel's choice, then released."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def hang_up_port() -> Iterator[int]:
+    """A TCP listener that accepts every connection and closes it at once."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join(timeout=5)
+    listener.close()
+
+
+@pytest.fixture
+def targets(server: ServerHandle, tls_server: ServerHandle, closed_port: int,
+            hang_up_port: int, tmp_path: Path) -> dict[str, str]:
+    """The target of each kind of listener, and of two places where none can be."""
+    return {"closed": f"127.0.0.1:{closed_port}", "hangs up": f"127.0.0.1:{hang_up_port}",
+            "REST": f"127.0.0.1:{server.http_port}",  # the service's own REST port
+            "plaintext": server.target, "TLS": tls_server.target,
+            "no socket file": f"unix:{tmp_path / 'embed.sock'}",
+            "no such host": "no-such-host.invalid:50051"}

@@ -6,11 +6,8 @@ Each is one line on stderr with what to try, exit status 1, no traceback."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,6 @@ import pytest
 from client.diagnose import Listener, probe, split_target
 from service.local import ServerHandle
 from tests.client.conftest import TOKEN
-from tests.tiny_model import start
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,64 +27,12 @@ def embedctl(*args: str) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-@pytest.fixture(scope="module")
-def tls_server(tiny_repo: Path, certs: Path) -> Iterator[ServerHandle]:
-    """TLS without client certificates: a server certificate signed by the test CA."""
-    handle = start(tiny_repo, tls_cert=str(certs / "server.pem"),
-                   tls_key=str(certs / "server.key"))
-    yield handle
-    handle.stop(grace=0.5)
-
-
-@pytest.fixture
-def closed_port() -> int:
-    """A port nothing listens on: bound by the kernel's choice, then released."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
-@pytest.fixture
-def hang_up_port() -> Iterator[int]:
-    """A TCP listener that accepts every connection and closes it at once."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    stop.set()
-    thread.join(timeout=5)
-    listener.close()
-
-
 def one_line(result: tuple[int, str, str]) -> str:
     code, out, err = result
     assert (code, out) == (1, ""), err
     assert err.count("\n") == 1, err  # one line: no traceback, no grpc log lines
     assert err.startswith("embedctl: ")
     return err.removeprefix("embedctl: ").rstrip("\n")
-
-
-@pytest.fixture
-def targets(server: ServerHandle, tls_server: ServerHandle, closed_port: int,
-            hang_up_port: int) -> dict[str, str]:
-    """The target of each kind of listener."""
-    return {"closed": f"127.0.0.1:{closed_port}", "hangs up": f"127.0.0.1:{hang_up_port}",
-            "REST": f"127.0.0.1:{server.http_port}",  # the service's own REST port
-            "plaintext": server.target, "TLS": tls_server.target}
 
 
 # The listener, embedctl's arguments after its --target ({ca}: the test CA), and the one

@@ -14,9 +14,7 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -365,80 +363,28 @@ def test_a_token_no_header_can_carry_is_refused_before_any_connection(node: str)
                           "2 of 3\n"), out.stderr
 
 
-@pytest.fixture
-def closed_port() -> int:
-    """A port nothing listens on: bound by the kernel's choice, then released."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
+# The listener (tests/client/conftest.py's targets; {target}: its address) and the one line
+# the CLI says. Before: grpc-js's own text, ending in an empty 'Resolution note: '.
+NO_ANSWER = {
+    "closed": "nothing is listening at {target} (connection refused): start the server, or "
+              "point --target at its gRPC port",
+    "no socket file": "nothing is listening at {target} (no such socket file): start the "
+                      "server, or point --target at its socket",
+    "no such host": "cannot resolve the host of {target} (no such host): check --target",
+    "REST": "{target} is an HTTP/1.x server, not gRPC (it answered 'HTTP/1.0 400 Bad "
+            "Request'): point --target at the gRPC port; the service's REST API and page are "
+            "on another port",
+    "hangs up": "{target} accepted the connection but does not speak gRPC (closed the "
+                "connection): check the port in --target",
+    "TLS": "{target} speaks TLS, and this CLI connects in plaintext only: point --target at a "
+           "plaintext port, or call embed.js with {{ credentials: "
+           "grpc.credentials.createSsl(...) }}",
+}
 
 
-@pytest.fixture
-def hang_up_port() -> Iterator[int]:
-    """A TCP listener that accepts every connection and closes it at once."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    stop.set()
-    thread.join(timeout=5)
-    listener.close()
-
-
-def _embed_at(node: str, target: str) -> str:
-    return one_line_failure(run_cli(node, "embed", "--target", target, "--request",
-                                    '{"text": "a"}', "--timeout", "10"))
-
-
-def test_nothing_listening_is_one_clear_line(node: str, closed_port: int,
-                                             tmp_path: Path) -> None:
-    """Before: grpc-js's own text, ending in an empty 'Resolution note: '."""
-    target = f"127.0.0.1:{closed_port}"
-    assert _embed_at(node, target) == (
-        f"nothing is listening at {target} (connection refused): start the server, or point "
-        f"--target at its gRPC port")
-    socket_target = f"unix:{tmp_path / 'embed.sock'}"
-    assert _embed_at(node, socket_target) == (
-        f"nothing is listening at {socket_target} (no such socket file): start the server, "
-        f"or point --target at its socket")
-    assert _embed_at(node, "no-such-host.invalid:50051") == (
-        "cannot resolve the host of no-such-host.invalid:50051 (no such host): check --target")
-
-
-def test_a_listener_that_is_not_grpc_is_named(node: str, server: ServerHandle,
-                                              hang_up_port: int) -> None:
-    http = f"127.0.0.1:{server.http_port}"  # the service's own REST port
-    assert _embed_at(node, http) == (
-        f"{http} is an HTTP/1.x server, not gRPC (it answered 'HTTP/1.0 400 Bad Request'): "
-        f"point --target at the gRPC port; the service's REST API and page are on another "
-        f"port")
-    target = f"127.0.0.1:{hang_up_port}"
-    assert _embed_at(node, target) == (
-        f"{target} accepted the connection but does not speak gRPC (closed the connection): "
-        f"check the port in --target")
-
-
-def test_a_tls_server_is_named(node: str, tiny_repo: Path, certs: Path) -> None:
-    handle = start_server(tiny_repo, tls_cert=str(certs / "server.pem"),
-                   tls_key=str(certs / "server.key"))
-    try:
-        assert _embed_at(node, handle.target) == (
-            f"{handle.target} speaks TLS, and this CLI connects in plaintext only: point "
-            f"--target at a plaintext port, or call embed.js with {{ credentials: "
-            f"grpc.credentials.createSsl(...) }}")
-    finally:
-        handle.stop(grace=0.5)
+@pytest.mark.parametrize("listener", list(NO_ANSWER))
+def test_no_answer_is_one_clear_line(node: str, targets: dict[str, str], listener: str) -> None:
+    target = targets[listener]
+    proc = run_cli(node, "embed", "--target", target, "--request", '{"text": "a"}',
+                   "--timeout", "10")
+    assert one_line_failure(proc) == NO_ANSWER[listener].format(target=target)
