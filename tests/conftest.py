@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 
+from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.format.tokenizer import default_ranks_path, gpt2_spec
 from service.format.writer import write_checkpoint
 from service.local import ServerHandle
@@ -138,6 +140,26 @@ def server(tiny_repo: Path) -> Iterator[ServerHandle]:
     handle = start(tiny_repo)
     yield handle
     handle.stop()
+
+
+@pytest.fixture(scope="module")
+def grpc_server(server: ServerHandle) -> ServerHandle:
+    """The server ``channel`` opens onto: the shared one, unless a folder's conftest or a
+    module gives its own fixture of this name."""
+    return server
+
+
+@pytest.fixture(scope="module")
+def channel(grpc_server: ServerHandle) -> Iterator[grpc.Channel]:
+    """A plaintext channel to ``grpc_server``, open for the module's tests."""
+    with grpc.insecure_channel(grpc_server.target) as ch:
+        yield ch
+
+
+@pytest.fixture(scope="module")
+def stub(channel: grpc.Channel) -> pb_grpc.EmbeddingServiceStub:
+    """The native service on ``channel``."""
+    return pb_grpc.EmbeddingServiceStub(channel)
 
 
 @pytest.fixture(scope="module")

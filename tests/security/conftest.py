@@ -67,17 +67,17 @@ def guarded(security_repo: Path) -> Iterator[ServerHandle]:
 
 
 @pytest.fixture(scope="session")
-def channel(guarded: ServerHandle) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(guarded.target) as ch:
-        yield ch
+def grpc_server(guarded: ServerHandle) -> ServerHandle:
+    """The server tests/conftest.py's ``channel`` opens onto here: the guarded one."""
+    return guarded
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def native(channel: grpc.Channel) -> pb_grpc.EmbeddingServiceStub:
     return pb_grpc.EmbeddingServiceStub(channel)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def inference(channel: grpc.Channel) -> oip_grpc.GRPCInferenceServiceStub:
     return oip_grpc.GRPCInferenceServiceStub(channel)
 

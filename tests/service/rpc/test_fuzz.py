@@ -14,7 +14,7 @@ same examples every time) or ``long`` (``make fuzz``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -61,14 +61,9 @@ from tests.tiny_model import DIM, TABLE_ROWS, VOCAB_SIZE
 
 
 @pytest.fixture(scope="module")
-def channel(fuzz_server: ServerHandle) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(fuzz_server.target) as ch:
-        yield ch
-
-
-@pytest.fixture(scope="module")
-def stub(channel: grpc.Channel) -> pb_grpc.EmbeddingServiceStub:
-    return pb_grpc.EmbeddingServiceStub(channel)
+def grpc_server(fuzz_server: ServerHandle) -> ServerHandle:
+    """The server tests/conftest.py's ``channel`` and ``stub`` speak to here."""
+    return fuzz_server
 
 
 @pytest.fixture(scope="module")
