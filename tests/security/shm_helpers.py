@@ -64,6 +64,13 @@ class As:
         self.oip = oip_grpc.GRPCInferenceServiceStub(channel)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
+    @classmethod
+    @contextmanager
+    def at(cls, target: str, token: str = "") -> Iterator[As]:
+        """The identity on a channel of its own to ``target``, closed on leaving."""
+        with channel(target) as ch:
+            yield cls(ch, token)
+
     def __call__(self, stub: str, method: str, request: Any) -> Any:
         """The response, or raise grpc.RpcError."""
         return getattr(getattr(self, stub), method)(request, metadata=self.metadata, timeout=30)

@@ -23,7 +23,6 @@ from tests.security.shm_helpers import (
     ROW_BYTES,
     As,
     MakeObject,
-    channel,
     expected_rows,
     infer_shm,
 )
@@ -34,8 +33,7 @@ from tests.tiny_model import DIM, start
 def test_object_changed_by_its_owner_fails_that_request_only(
         server: ServerHandle, objects: MakeObject, how: str) -> None:
     obj, good = objects(4096), objects(4096)
-    with channel(server.target) as ch:
-        client = As(ch)
+    with As.at(server.target) as client:
         client.register(f"victim-{how}", obj)
         client.register(f"good-{how}", good)
         client.embed_into(f"victim-{how}")  # the region works
@@ -66,8 +64,8 @@ def test_shrink_while_queued_fails_only_that_job_of_the_batch(
     """Two requests wait in one batch; the owner of one region shrinks it meanwhile: that
     request fails, its batch-mate gets exact rows."""
     victim, mate = objects(4096), objects(4096)
-    with start(tiny_repo, max_batch_delay_us=600_000) as handle, channel(handle.target) as ch:
-        client = As(ch)
+    with start(tiny_repo, max_batch_delay_us=600_000) as handle, \
+            As.at(handle.target) as client:
         client.register("victim", victim)
         client.register("mate", mate)
         outcomes: dict[str, object] = {}
@@ -95,8 +93,7 @@ def test_rows_land_only_inside_the_object(server: ServerHandle,
                                           objects: MakeObject) -> None:
     """Nothing is written before the region's offset or after its rows."""
     obj = objects(8192)
-    with channel(server.target) as ch:
-        client = As(ch)
+    with As.at(server.target) as client:
         client.register("inside", obj, offset=1000, byte_size=4000)
         client.embed_into("inside", offset=24)
         data = obj.read()
@@ -135,8 +132,7 @@ def test_reused_row_buffers_never_leak_an_earlier_request(
     """Row buffers are reused between requests: a padded [B, T, C] answer after a larger
     one still has zero padding, not the earlier request's rows."""
     obj = objects(8192)
-    with channel(server.target) as ch:
-        client = As(ch)
+    with As.at(server.target) as client:
         client.register("reuse", obj)
         for _ in range(3):  # fill (and hand back) buffers with non-zero rows
             client.embed_into("reuse", ids=list(range(1, 61)))

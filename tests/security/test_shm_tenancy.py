@@ -135,8 +135,7 @@ def test_request_byte_size_bounds_the_write(server: ServerHandle,
     """``shared_memory_byte_size`` is honoured as Triton does: 16 allowed → nothing is
     written past them (the whole request is refused before any work)."""
     obj = objects(4096)
-    with channel(server.target) as ch:
-        client = As(ch)
+    with As.at(server.target) as client:
         client("oip", "SystemSharedMemoryRegister", oip.SystemSharedMemoryRegisterRequest(
             name="bounded", key=obj.key, offset=0, byte_size=4096))
         try:
@@ -165,8 +164,7 @@ def test_request_byte_size_bounds_the_write(server: ServerHandle,
                                  "/dev/../x", "//x"])
 def test_odd_keys_are_invalid_argument_without_a_traceback(
         server: ServerHandle, key: str, caplog: pytest.LogCaptureFixture) -> None:
-    with channel(server.target) as ch, caplog.at_level(logging.ERROR):
-        client = As(ch)
+    with As.at(server.target) as client, caplog.at_level(logging.ERROR):
         for stub, method, request in (
                 ("native", "RegisterSharedMemory", pb.RegisterSharedMemoryRequest(
                     region=pb.SharedMemoryRegion(name="k", key=key, byte_size=8))),
@@ -182,8 +180,8 @@ def test_odd_keys_are_invalid_argument_without_a_traceback(
 def test_odd_region_names_are_invalid_argument(server: ServerHandle, name: str,
                                                objects: MakeObject) -> None:
     obj = objects(64)
-    with channel(server.target) as ch:
-        assert As(ch).status("native", "RegisterSharedMemory", pb.RegisterSharedMemoryRequest(
+    with As.at(server.target) as client:
+        assert client.status("native", "RegisterSharedMemory", pb.RegisterSharedMemoryRequest(
             region=pb.SharedMemoryRegion(name=name, key=obj.key, byte_size=8)))[0] == \
             grpc.StatusCode.INVALID_ARGUMENT
 
@@ -192,8 +190,8 @@ def test_fifo_is_not_a_region(server: ServerHandle) -> None:
     fifo = Path("/dev/shm") / f"embed-sec-fifo-{secrets.token_hex(4)}"
     os.mkfifo(fifo)
     try:
-        with channel(server.target) as ch:
-            code, message = As(ch).status("native", "RegisterSharedMemory",
+        with As.at(server.target) as client:
+            code, message = client.status("native", "RegisterSharedMemory",
                                           pb.RegisterSharedMemoryRequest(region=pb.SharedMemoryRegion(
                                               name="f", key=f"/{fifo.name}", byte_size=8)))
         assert (code, "not a regular file" in message) == (grpc.StatusCode.INVALID_ARGUMENT, True)
@@ -219,8 +217,7 @@ def test_non_local_peers_are_refused_unless_allowed(tiny_repo: Path,
     obj = objects(4096)
     for allow in (False, True):
         with start(tiny_repo, host="0.0.0.0", shm_allow_remote=allow) as handle, \
-                channel(f"{address}:{handle.grpc_port}") as ch:
-            client = As(ch)
+                As.at(f"{address}:{handle.grpc_port}") as client:
             remote = not address.startswith("127.")
             calls = [("native", "RegisterSharedMemory", pb.RegisterSharedMemoryRequest(
                          region=pb.SharedMemoryRegion(name="r", key=obj.key, byte_size=4096))),
