@@ -27,12 +27,6 @@ def rows(t: pb.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def stub(server: ServerHandle) -> Iterator[pb_grpc.EmbeddingServiceStub]:
-    with grpc.insecure_channel(server.target) as channel:
-        yield pb_grpc.EmbeddingServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
 def hf_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, ServerHandle]]:
     """A random HF GPT-2, saved with save_pretrained, imported, and served."""
     from training.importers import main as import_main
