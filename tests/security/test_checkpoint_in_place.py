@@ -13,7 +13,7 @@ import pytest
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.format.checkpoint import read_checkpoint
 from service.format.manifest import EMBEDDINGS_FILE, ROW_UPDATES_FILE
-from tests.security.shm_helpers import IDS, As, channel, expected_rows
+from tests.security.shm_helpers import IDS, As, expected_rows
 from tests.tiny_model import TABLE_ROWS, MakeCheckpoint, start
 
 SPREAD = [0, 1, 4095, 4096, 20000, 50256]  # rows on many pages of the table
@@ -25,8 +25,7 @@ def test_served_rows_survive_the_file_changing(tmp_path: Path, make_checkpoint: 
     repo = tmp_path / "models"
     version = make_checkpoint(repo, "tiny", 1)
     path = version / EMBEDDINGS_FILE
-    with start(repo) as handle, channel(handle.target) as ch:
-        client = As(ch)
+    with start(repo) as handle, As.at(handle.target) as client:
         before = client.embed(SPREAD)
         assert before == expected_rows(SPREAD)
         if how == "truncate":

@@ -22,7 +22,6 @@ from service.format.tensorfile import CheckpointError, check_finite
 from tests.security.shm_helpers import (
     IDS,
     As,
-    channel,
     edit_manifest,
     expected_rows,
     rewrite_entry,
@@ -132,8 +131,7 @@ def test_bad_versions_are_skipped_and_hot_reload_keeps_working(
     shutil.rmtree(repo / ".scratch", ignore_errors=True)
 
     with caplog.at_level(logging.INFO, logger=LOGGER), \
-            start(repo, default_model="a") as handle, channel(handle.target) as ch:
-        client = As(ch)
+            start(repo, default_model="a") as handle, As.at(handle.target) as client:
         assert client.embed() == expected_rows(IDS, seed=0)  # a/1 serves
         b = client("native", "Embed", pb.EmbedRequest(model="b", token_ids=pb.TokenIds(ids=IDS)))
         assert b.embeddings.data == expected_rows(IDS, seed=5)
@@ -185,8 +183,8 @@ def test_scan_survives_an_unlistable_model_folder(tmp_path: Path,
             locked.chmod(0o755)
             locked.rmdir()
             locked.write_bytes(b"")  # a file where a model folder would be: skipped
-        with start(repo, default_model="good") as handle, channel(handle.target) as ch:
-            assert As(ch).embed() == expected_rows(IDS)
+        with start(repo, default_model="good") as handle, As.at(handle.target) as client:
+            assert client.embed() == expected_rows(IDS)
     finally:
         if locked.is_dir():
             locked.chmod(0o755)
