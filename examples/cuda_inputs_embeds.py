@@ -35,25 +35,16 @@ import torch
 from client import EmbeddingClient, EmbeddingError, flags
 from client.cuda_shm import CudaSharedMemoryRegion
 
-try:  # imported as examples.cuda_inputs_embeds
-    from examples.hf_inputs_embeds import (
-        RELATIONS,
-        RULES,
-        HFInputs,
-        lacks_transformers,
-        load_hf_gpt2,
-        random_gpt2,
-    )
-except ImportError:  # run as a script: its sibling file
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from hf_inputs_embeds import (  # type: ignore[no-redef]
-        RELATIONS,
-        RULES,
-        HFInputs,
-        lacks_transformers,
-        load_hf_gpt2,
-        random_gpt2,
-    )
+if __name__ == "__main__":  # run as a script: its package importable, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.hf_inputs_embeds import (
+    RELATIONS,
+    RULES,
+    HFInputs,
+    lacks_transformers,
+    load_hf_gpt2,
+    random_gpt2,
+)
 
 __all__ = ["RELATIONS", "RULES", "ServerDidNotStart", "build_parser", "fetch_inputs_on_gpu",
            "main", "parse_args", "serve_on_gpu"]

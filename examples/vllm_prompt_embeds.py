@@ -39,11 +39,9 @@ from client.codec import Embedding
 from client.grammar import TARGET
 from service.local import start_local
 
-try:  # imported as examples.vllm_prompt_embeds
-    from examples.hf_inputs_embeds import random_gpt2, run_example
-except ImportError:  # run as a script: its sibling file
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from hf_inputs_embeds import random_gpt2, run_example  # type: ignore[no-redef]
+if __name__ == "__main__":  # run as a script: its package importable, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.hf_inputs_embeds import random_gpt2, run_example
 
 __all__ = [
     "RELATIONS",
