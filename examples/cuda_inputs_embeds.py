@@ -37,14 +37,7 @@ from client.cuda_shm import CudaSharedMemoryRegion
 
 if __name__ == "__main__":  # run as a script: its package importable, as with -m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.hf_inputs_embeds import (
-    RELATIONS,
-    RULES,
-    HFInputs,
-    lacks_transformers,
-    load_hf_gpt2,
-    random_gpt2,
-)
+from examples.hf_inputs_embeds import RELATIONS, RULES, HFInputs, compare, run_example
 
 __all__ = ["RELATIONS", "RULES", "ServerDidNotStart", "build_parser", "fetch_inputs_on_gpu",
            "main", "parse_args", "serve_on_gpu"]
@@ -174,41 +167,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison on the GPU; exit status 0 when rows and logits are bit-identical."""
-    args = parse_args(argv)
-    if lacks_transformers(PROG):
-        return 2
+    return run_example(PROG, parse_args(argv), _main)
+
+
+def _main(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print(f"{PROG}: needs a CUDA device (torch sees none here): the rows go to GPU "
               f"memory; examples/hf_inputs_embeds.py is the same on CPU", file=sys.stderr)
         return 2
     try:
-        return _main(args)
-    except EmbeddingError as e:  # the service's answer, or why there was none
-        print(f"{PROG}: {args.target or 'the local server'}: {e}", file=sys.stderr)
-        return 1
+        return compare(PROG, args, _report, serve_on_gpu)
     except ServerDidNotStart as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
-    except Exception as e:  # a bug: its traceback to a file, one line here
-        return flags.internal_error(PROG, e)
-
-
-def _main(args: argparse.Namespace) -> int:
-    if args.target is not None:
-        try:
-            model = load_hf_gpt2(args.hf_dir)
-        except (OSError, ValueError) as e:  # its own words, first line only
-            print(f"{PROG}: error: --hf-dir {args.hf_dir}: not a GPT-2 transformers loads "
-                  f"({str(e).strip().splitlines()[0]})", file=sys.stderr)
-            return 2
-        with EmbeddingClient(args.target, timeout=30) as client:
-            same = _report(model, client, args.text, args.model, args.start_position)
-        return 0 if same else 1
-    with random_gpt2(args.model, seed=args.seed) as (model, repository), \
-            serve_on_gpu(repository, args.model) as target, \
-            EmbeddingClient(target, timeout=30) as client:
-        same = _report(model, client, args.text, args.model, args.start_position)
-    return 0 if same else 1
 
 
 if __name__ == "__main__":

@@ -35,8 +35,10 @@ __all__ = [
     "RELATIONS",
     "RULES",
     "HFInputs",
+    "Report",
     "build_hf_gpt2",
     "build_parser",
+    "compare",
     "fetch_inputs",
     "import_hf_gpt2",
     "lacks_transformers",
@@ -229,22 +231,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_example(PROG, parse_args(argv), _main)
 
 
-def _main(args: argparse.Namespace) -> int:
-    if args.target is not None:
-        try:
-            model = load_hf_gpt2(args.hf_dir)
-        except (OSError, ValueError) as e:  # its own words, first line only
-            print(f"{PROG}: error: --hf-dir {args.hf_dir}: not a GPT-2 transformers loads "
-                  f"({str(e).strip().splitlines()[0]})", file=sys.stderr)
-            return 2
-        with EmbeddingClient(args.target, timeout=30) as client:
-            same = _report(model, client, args.text, args.model, args.start_position)
-        return 0 if same else 1
-    with random_gpt2(args.model, seed=args.seed) as (model, repository), \
-            start_local(repository, args.model) as server, \
-            EmbeddingClient(server.target, timeout=30) as client:
-        same = _report(model, client, args.text, args.model, args.start_position)
+Report = Callable[[Any, EmbeddingClient, str, str, int], bool]
+
+
+def compare(prog: str, args: argparse.Namespace, report: Report,
+            serve: Callable[[Path, str], contextlib.AbstractContextManager[str]]) -> int:
+    """``report(model, client, text, model name, start position)``'s verdict as the exit
+    status (0: the same logits both ways): with --target, of --hf-dir's model against that
+    service; else of a random GPT-2 whose tables ``serve(repository, name)`` serves, at the
+    target it yields. An --hf-dir transformers cannot load is one line and status 2."""
+    with contextlib.ExitStack() as stack:
+        if args.target is not None:
+            try:
+                model = load_hf_gpt2(args.hf_dir)
+            except (OSError, ValueError) as e:  # its own words, first line only
+                print(f"{prog}: error: --hf-dir {args.hf_dir}: not a GPT-2 transformers "
+                      f"loads ({str(e).strip().splitlines()[0]})", file=sys.stderr)
+                return 2
+            target = args.target
+        else:
+            model, repository = stack.enter_context(random_gpt2(args.model, seed=args.seed))
+            target = stack.enter_context(serve(repository, args.model))
+        client = stack.enter_context(EmbeddingClient(target, timeout=30))
+        same = report(model, client, args.text, args.model, args.start_position)
     return 0 if same else 1
+
+
+@contextlib.contextmanager
+def _served_here(repository: Path, name: str) -> Iterator[str]:
+    with start_local(repository, name) as server:
+        yield server.target
+
+
+def _main(args: argparse.Namespace) -> int:
+    return compare(PROG, args, _report, _served_here)
 
 
 if __name__ == "__main__":
