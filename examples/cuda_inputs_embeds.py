@@ -32,15 +32,15 @@ from typing import Any
 
 import torch
 
-from client import EmbeddingClient, EmbeddingError, flags
+from client import EmbeddingClient, EmbeddingError
 from client.cuda_shm import CudaSharedMemoryRegion
 
 if __name__ == "__main__":  # run as a script: its package importable, as with -m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.hf_inputs_embeds import RELATIONS, RULES, HFInputs, compare, run_example
+from examples import hf_inputs_embeds
 
-__all__ = ["RELATIONS", "RULES", "ServerDidNotStart", "build_parser", "fetch_inputs_on_gpu",
-           "main", "parse_args", "serve_on_gpu"]
+__all__ = ["COMMAND", "ServerDidNotStart", "build_parser", "fetch_inputs_on_gpu", "main",
+           "parse_args", "serve_on_gpu"]
 
 PROG = "python examples/cuda_inputs_embeds.py"
 
@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fetch_inputs_on_gpu(client: EmbeddingClient, region: CudaSharedMemoryRegion, text: str,
-                        *, model: str = "", start_position: int = 0) -> HFInputs:
+                        *, model: str = "", start_position: int = 0
+                        ) -> hf_inputs_embeds.HFInputs:
     """Token rows for ``text`` written into ``region`` by the server's GPU, and HF's three
     tensors on that GPU: ``inputs_embeds`` is a view of the region, not a copy."""
     e = client.embed(text, model=model, compose="token", dtype="float32",
@@ -58,7 +59,8 @@ def fetch_inputs_on_gpu(client: EmbeddingClient, region: CudaSharedMemoryRegion,
     T = len(e.token_ids)
     position_ids = torch.arange(e.start_position, e.start_position + T,
                                 device=device).unsqueeze(0)  # (1, T)
-    return HFInputs(torch.tensor([e.token_ids], device=device), inputs_embeds, position_ids)
+    return hf_inputs_embeds.HFInputs(torch.tensor([e.token_ids], device=device),
+                                     inputs_embeds, position_ids)
 
 
 class ServerDidNotStart(Exception):
@@ -131,43 +133,24 @@ def _report(model: Any, client: EmbeddingClient, text: str, name: str, start: in
     return in_place and exact_rows and same
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, each option checked by its rule in RULES (the same options and
-    rules as examples/hf_inputs_embeds.py)."""
-    parser = flags.OneLineParser(
-        prog=PROG,
-        description="Embedding-service rows written into this process's GPU memory as HF "
-                    "GPT-2 inputs_embeds: same logits as input_ids, bit for bit (float32). "
-                    "Without --target: a random GPT-2 built, imported and served by a GPU "
-                    "server started here, offline.")
-    parser.add_argument("--text", default="Input embeddings are what the first block reads.",
-                        help="the text to embed (default: a sentence of its own)")
-    parser.add_argument("--start-position", default=7, metavar="P",
-                        help="position of the first token, 0..2^32-1 (sent as start_position "
-                             "and as HF position_ids; default 7)")
-    parser.add_argument("--target", metavar="HOST:PORT",
-                        help="a running service on this node with its tables on a GPU; "
-                             "default: build a random model and serve it here")
-    parser.add_argument("--hf-dir", metavar="DIR",
-                        help="with --target: the saved HF GPT-2 whose tables it serves")
-    parser.add_argument("--model", default="hf-gpt2",
-                        help="model name in the repository (default hf-gpt2)")
-    parser.add_argument("--seed", default=0,
-                        help="random init of the local model, 0..2^32-1 (default 0); not "
-                             "with --target")
-    flags.install(parser, RULES)
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line, checked in full before anything else (the CUDA device included);
-    a mistake exits with status 2 and one line."""
-    return flags.parse(build_parser(), RULES, argv, RELATIONS)
+# The same options, rules and relations as examples/hf_inputs_embeds.py: all checked before
+# the CUDA device is looked for.
+COMMAND = hf_inputs_embeds.COMMAND.reworded(
+    PROG, "Embedding-service rows written into this process's GPU memory as HF GPT-2 "
+          "inputs_embeds: same logits as input_ids, bit for bit (float32). Without --target: "
+          "a random GPT-2 built, imported and served by a GPU server started here, offline.",
+    text="the text to embed (default: a sentence of its own)",
+    start_position="position of the first token, 0..2^32-1 (sent as start_position and as "
+                   "HF position_ids; default 7)",
+    target="a running service on this node with its tables on a GPU; default: build a "
+           "random model and serve it here",
+    seed="random init of the local model, 0..2^32-1 (default 0); not with --target")
+build_parser, parse_args = COMMAND.build_parser, COMMAND.parse_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison on the GPU; exit status 0 when rows and logits are bit-identical."""
-    return run_example(PROG, parse_args(argv), _main)
+    return hf_inputs_embeds.run_example(PROG, parse_args(argv), _main)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -176,7 +159,7 @@ def _main(args: argparse.Namespace) -> int:
               f"memory; examples/hf_inputs_embeds.py is the same on CPU", file=sys.stderr)
         return 2
     try:
-        return compare(PROG, args, _report, serve_on_gpu)
+        return hf_inputs_embeds.compare(PROG, args, _report, serve_on_gpu)
     except ServerDidNotStart as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
