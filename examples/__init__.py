@@ -2,4 +2,5 @@
 
 Each is a script (``python examples/<name>.py --help``) that runs offline with small models
 it builds itself; tests/examples/ runs each against a real server. See docs/interop.md.
+command.py is no example: it holds what their command lines share.
 """

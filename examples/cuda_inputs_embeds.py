@@ -32,31 +32,15 @@ from typing import Any
 
 import torch
 
-from client import EmbeddingClient, EmbeddingError, flags
+from client import EmbeddingClient, EmbeddingError
 from client.cuda_shm import CudaSharedMemoryRegion
 
-try:  # imported as examples.cuda_inputs_embeds
-    from examples.hf_inputs_embeds import (
-        RELATIONS,
-        RULES,
-        HFInputs,
-        lacks_transformers,
-        load_hf_gpt2,
-        random_gpt2,
-    )
-except ImportError:  # run as a script: its sibling file
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from hf_inputs_embeds import (  # type: ignore[no-redef]
-        RELATIONS,
-        RULES,
-        HFInputs,
-        lacks_transformers,
-        load_hf_gpt2,
-        random_gpt2,
-    )
+if __name__ == "__main__":  # run as a script: its package importable, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples import hf_inputs_embeds
 
-__all__ = ["RELATIONS", "RULES", "ServerDidNotStart", "build_parser", "fetch_inputs_on_gpu",
-           "main", "parse_args", "serve_on_gpu"]
+__all__ = ["COMMAND", "ServerDidNotStart", "build_parser", "fetch_inputs_on_gpu", "main",
+           "parse_args", "serve_on_gpu"]
 
 PROG = "python examples/cuda_inputs_embeds.py"
 
@@ -64,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fetch_inputs_on_gpu(client: EmbeddingClient, region: CudaSharedMemoryRegion, text: str,
-                        *, model: str = "", start_position: int = 0) -> HFInputs:
+                        *, model: str = "", start_position: int = 0
+                        ) -> hf_inputs_embeds.HFInputs:
     """Token rows for ``text`` written into ``region`` by the server's GPU, and HF's three
     tensors on that GPU: ``inputs_embeds`` is a view of the region, not a copy."""
     e = client.embed(text, model=model, compose="token", dtype="float32",
@@ -74,7 +59,8 @@ def fetch_inputs_on_gpu(client: EmbeddingClient, region: CudaSharedMemoryRegion,
     T = len(e.token_ids)
     position_ids = torch.arange(e.start_position, e.start_position + T,
                                 device=device).unsqueeze(0)  # (1, T)
-    return HFInputs(torch.tensor([e.token_ids], device=device), inputs_embeds, position_ids)
+    return hf_inputs_embeds.HFInputs(torch.tensor([e.token_ids], device=device),
+                                     inputs_embeds, position_ids)
 
 
 class ServerDidNotStart(Exception):
@@ -147,77 +133,36 @@ def _report(model: Any, client: EmbeddingClient, text: str, name: str, start: in
     return in_place and exact_rows and same
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, each option checked by its rule in RULES (the same options and
-    rules as examples/hf_inputs_embeds.py)."""
-    parser = flags.OneLineParser(
-        prog=PROG,
-        description="Embedding-service rows written into this process's GPU memory as HF "
-                    "GPT-2 inputs_embeds: same logits as input_ids, bit for bit (float32). "
-                    "Without --target: a random GPT-2 built, imported and served by a GPU "
-                    "server started here, offline.")
-    parser.add_argument("--text", default="Input embeddings are what the first block reads.",
-                        help="the text to embed (default: a sentence of its own)")
-    parser.add_argument("--start-position", default=7, metavar="P",
-                        help="position of the first token, 0..2^32-1 (sent as start_position "
-                             "and as HF position_ids; default 7)")
-    parser.add_argument("--target", metavar="HOST:PORT",
-                        help="a running service on this node with its tables on a GPU; "
-                             "default: build a random model and serve it here")
-    parser.add_argument("--hf-dir", metavar="DIR",
-                        help="with --target: the saved HF GPT-2 whose tables it serves")
-    parser.add_argument("--model", default="hf-gpt2",
-                        help="model name in the repository (default hf-gpt2)")
-    parser.add_argument("--seed", default=0,
-                        help="random init of the local model, 0..2^32-1 (default 0); not "
-                             "with --target")
-    flags.install(parser, RULES)
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line, checked in full before anything else (the CUDA device included);
-    a mistake exits with status 2 and one line."""
-    return flags.parse(build_parser(), RULES, argv, RELATIONS)
+# The same options, rules and relations as examples/hf_inputs_embeds.py: all checked before
+# the CUDA device is looked for.
+COMMAND = hf_inputs_embeds.COMMAND.reworded(
+    PROG, "Embedding-service rows written into this process's GPU memory as HF GPT-2 "
+          "inputs_embeds: same logits as input_ids, bit for bit (float32). Without --target: "
+          "a random GPT-2 built, imported and served by a GPU server started here, offline.",
+    text="the text to embed (default: a sentence of its own)",
+    start_position="position of the first token, 0..2^32-1 (sent as start_position and as "
+                   "HF position_ids; default 7)",
+    target="a running service on this node with its tables on a GPU; default: build a "
+           "random model and serve it here",
+    seed="random init of the local model, 0..2^32-1 (default 0); not with --target")
+build_parser, parse_args = COMMAND.build_parser, COMMAND.parse_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison on the GPU; exit status 0 when rows and logits are bit-identical."""
-    args = parse_args(argv)
-    if lacks_transformers(PROG):
-        return 2
+    return hf_inputs_embeds.run_example(PROG, parse_args(argv), _main)
+
+
+def _main(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print(f"{PROG}: needs a CUDA device (torch sees none here): the rows go to GPU "
               f"memory; examples/hf_inputs_embeds.py is the same on CPU", file=sys.stderr)
         return 2
     try:
-        return _main(args)
-    except EmbeddingError as e:  # the service's answer, or why there was none
-        print(f"{PROG}: {args.target or 'the local server'}: {e}", file=sys.stderr)
-        return 1
+        return hf_inputs_embeds.compare(PROG, args, _report, serve_on_gpu)
     except ServerDidNotStart as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
-    except Exception as e:  # a bug: its traceback to a file, one line here
-        return flags.internal_error(PROG, e)
-
-
-def _main(args: argparse.Namespace) -> int:
-    if args.target is not None:
-        try:
-            model = load_hf_gpt2(args.hf_dir)
-        except (OSError, ValueError) as e:  # its own words, first line only
-            print(f"{PROG}: error: --hf-dir {args.hf_dir}: not a GPT-2 transformers loads "
-                  f"({str(e).strip().splitlines()[0]})", file=sys.stderr)
-            return 2
-        with EmbeddingClient(args.target, timeout=30) as client:
-            same = _report(model, client, args.text, args.model, args.start_position)
-        return 0 if same else 1
-    with random_gpt2(args.model, seed=args.seed) as (model, repository), \
-            serve_on_gpu(repository, args.model) as target, \
-            EmbeddingClient(target, timeout=30) as client:
-        same = _report(model, client, args.text, args.model, args.start_position)
-    return 0 if same else 1
 
 
 if __name__ == "__main__":

@@ -54,19 +54,12 @@ from service.local import start_local
 from service.preflight import bind_refusal
 from training.model import GPT, ModelConfig
 
-__all__ = [
-    "METHOD",
-    "RELATIONS",
-    "RULES",
-    "Prediction",
-    "RestOfGPT",
-    "build_parser",
-    "downstream_server",
-    "main",
-    "parse_args",
-    "predict",
-    "train_demo_checkpoint",
-]
+if __name__ == "__main__":  # run as a script: its package importable, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.command import Command, Option
+
+__all__ = ["COMMAND", "METHOD", "Prediction", "RestOfGPT", "build_parser",
+           "downstream_server", "main", "parse_args", "predict", "train_demo_checkpoint"]
 
 SERVICE = "downstream.v1.NextToken"
 METHOD = f"/{SERVICE}/Predict"
@@ -252,43 +245,28 @@ def _version_dir(path: Path) -> str | None:
     return None
 
 
-RULES: dict[str, flags.Rule] = {
-    "text": flags.text(),
-    "checkpoint": flags.Rule("a version directory models/<model>/<N>", Path,
-                             lambda v: bool(str(v)), _version_dir),
-    "target": TARGET,
-    "port": flags.port(zero="picks a free port"),
-}
-RELATIONS = (
-    flags.needs("checkpoint", "target", "the embedding service serving that version"),
-    flags.needs("target", "checkpoint", "the version whose blocks run here"),
-    flags.needs("port", "checkpoint", "the port is the served downstream service's; the "
-                "demo picks a free one"),
-)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, each option checked by its rule in RULES."""
-    parser = flags.OneLineParser(
-        prog=PROG,
-        description="A downstream gRPC service: input embeddings from the embedding "
-                    "service, the rest of the LM here, next-token logits out. Without "
-                    "--checkpoint: a demo that trains a tiny model and asks it once.")
-    parser.add_argument("--text", default="The cat walks to the", help="the text to "
-                        "continue (demo)")
-    parser.add_argument("--checkpoint", metavar="DIR",
-                        help="serve: a version dir models/<model>/<N> with model.safetensors")
-    parser.add_argument("--target", metavar="HOST:PORT",
-                        help="serve: the embedding service serving that version")
-    parser.add_argument("--port", default=50061, help="serve: downstream port (default "
-                        "50061; 0 picks a free one)")
-    flags.install(parser, RULES)
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line, checked in full; a mistake exits with status 2 and one line."""
-    return flags.parse(build_parser(), RULES, argv, RELATIONS)
+COMMAND = Command(
+    PROG, "A downstream gRPC service: input embeddings from the embedding service, the rest "
+          "of the LM here, next-token logits out. Without --checkpoint: a demo that trains a "
+          "tiny model and asks it once.", {
+        "text": Option(flags.text(), "the text to continue (demo)",
+                       default="The cat walks to the"),
+        "checkpoint": Option(flags.Rule("a version directory models/<model>/<N>", Path,
+                                        lambda v: bool(str(v)), _version_dir),
+                             "serve: a version dir models/<model>/<N> with model.safetensors",
+                             metavar="DIR"),
+        "target": Option(TARGET, "serve: the embedding service serving that version",
+                         metavar="HOST:PORT"),
+        "port": Option(flags.port(zero="picks a free port"),
+                       "serve: downstream port (default 50061; 0 picks a free one)",
+                       default=50061),
+    }, (
+        flags.needs("checkpoint", "target", "the embedding service serving that version"),
+        flags.needs("target", "checkpoint", "the version whose blocks run here"),
+        flags.needs("port", "checkpoint", "the port is the served downstream service's; the "
+                    "demo picks a free one"),
+    ))
+build_parser, parse_args = COMMAND.build_parser, COMMAND.parse_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

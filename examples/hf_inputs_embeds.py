@@ -31,12 +31,18 @@ from client import EmbeddingClient, EmbeddingError, flags
 from client.grammar import TARGET, UINT32_MAX
 from service.local import start_local
 
+if __name__ == "__main__":  # run as a script: its package importable, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.command import Command, Option
+
 __all__ = [
-    "RELATIONS",
-    "RULES",
+    "COMMAND",
+    "TEXT_OPTION",
     "HFInputs",
+    "Report",
     "build_hf_gpt2",
     "build_parser",
+    "compare",
     "fetch_inputs",
     "import_hf_gpt2",
     "lacks_transformers",
@@ -150,50 +156,34 @@ def _hf_dir(path: Path) -> str | None:
     return None
 
 
-RULES: dict[str, flags.Rule] = {
-    "text": flags.text(),
-    "start_position": flags.integer(0, UINT32_MAX, what="a position"),
-    "target": TARGET,
-    "hf_dir": flags.Rule("a Hugging Face GPT-2 directory", Path, lambda v: bool(str(v)),
-                         _hf_dir),
-    "model": flags.model_name(),
-    "seed": flags.integer(0, 2**32 - 1),
-}
-RELATIONS = (
-    flags.needs("target", "hf_dir", "the saved HF GPT-2 whose tables that service serves"),
-    flags.needs("hf_dir", "target", "the running service serving its tables"),
-    flags.conflicts("seed", "target", "--seed initialises the local random model; with "
-                    "--target the model is --hf-dir's"),
-)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, each option checked by its rule in RULES."""
-    parser = flags.OneLineParser(
-        prog=PROG,
-        description="Embedding-service output as HF GPT-2 inputs_embeds: same logits as "
-                    "input_ids, bit for bit (float32). Without --target: a random GPT-2 "
-                    "built, imported and served here, offline.")
-    parser.add_argument("--text", default="Input embeddings are what the first block reads.",
-                        help="the text to embed")
-    parser.add_argument("--start-position", default=7, metavar="P",
-                        help="position of the first token (sent as start_position and as "
-                             "HF position_ids; default 7)")
-    parser.add_argument("--target", metavar="HOST:PORT",
-                        help="a running service; default: build a random model and serve "
-                             "it here")
-    parser.add_argument("--hf-dir", metavar="DIR",
-                        help="with --target: the saved HF GPT-2 whose tables it serves")
-    parser.add_argument("--model", default="hf-gpt2", help="model name in the repository "
-                        "(default hf-gpt2)")
-    parser.add_argument("--seed", default=0, help="random init of the local model (default 0)")
-    flags.install(parser, RULES)
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line, checked in full; a mistake exits with status 2 and one line."""
-    return flags.parse(build_parser(), RULES, argv, RELATIONS)
+# The text the examples embed by default, and its option (vllm_prompt_embeds.py's too).
+TEXT_OPTION = Option(flags.text(), "the text to embed",
+                     default="Input embeddings are what the first block reads.")
+COMMAND = Command(
+    PROG, "Embedding-service output as HF GPT-2 inputs_embeds: same logits as input_ids, bit "
+          "for bit (float32). Without --target: a random GPT-2 built, imported and served "
+          "here, offline.", {
+        "text": TEXT_OPTION,
+        "start_position": Option(flags.integer(0, UINT32_MAX, what="a position"),
+                                 "position of the first token (sent as start_position and as "
+                                 "HF position_ids; default 7)", default=7, metavar="P"),
+        "target": Option(TARGET, "a running service; default: build a random model and serve "
+                         "it here", metavar="HOST:PORT"),
+        "hf_dir": Option(flags.Rule("a Hugging Face GPT-2 directory", Path,
+                                    lambda v: bool(str(v)), _hf_dir),
+                         "with --target: the saved HF GPT-2 whose tables it serves",
+                         metavar="DIR"),
+        "model": Option(flags.model_name(), "model name in the repository (default hf-gpt2)",
+                        default="hf-gpt2"),
+        "seed": Option(flags.integer(0, 2**32 - 1),
+                       "random init of the local model (default 0)", default=0),
+    }, (
+        flags.needs("target", "hf_dir", "the saved HF GPT-2 whose tables that service serves"),
+        flags.needs("hf_dir", "target", "the running service serving its tables"),
+        flags.conflicts("seed", "target", "--seed initialises the local random model; with "
+                        "--target the model is --hf-dir's"),
+    ))
+build_parser, parse_args = COMMAND.build_parser, COMMAND.parse_args
 
 
 def lacks_transformers(prog: str) -> bool:
@@ -229,22 +219,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_example(PROG, parse_args(argv), _main)
 
 
-def _main(args: argparse.Namespace) -> int:
-    if args.target is not None:
-        try:
-            model = load_hf_gpt2(args.hf_dir)
-        except (OSError, ValueError) as e:  # its own words, first line only
-            print(f"{PROG}: error: --hf-dir {args.hf_dir}: not a GPT-2 transformers loads "
-                  f"({str(e).strip().splitlines()[0]})", file=sys.stderr)
-            return 2
-        with EmbeddingClient(args.target, timeout=30) as client:
-            same = _report(model, client, args.text, args.model, args.start_position)
-        return 0 if same else 1
-    with random_gpt2(args.model, seed=args.seed) as (model, repository), \
-            start_local(repository, args.model) as server, \
-            EmbeddingClient(server.target, timeout=30) as client:
-        same = _report(model, client, args.text, args.model, args.start_position)
+Report = Callable[[Any, EmbeddingClient, str, str, int], bool]
+
+
+def compare(prog: str, args: argparse.Namespace, report: Report,
+            serve: Callable[[Path, str], contextlib.AbstractContextManager[str]]) -> int:
+    """``report(model, client, text, model name, start position)``'s verdict as the exit
+    status (0: the same logits both ways): with --target, of --hf-dir's model against that
+    service; else of a random GPT-2 whose tables ``serve(repository, name)`` serves, at the
+    target it yields. An --hf-dir transformers cannot load is one line and status 2."""
+    with contextlib.ExitStack() as stack:
+        if args.target is not None:
+            try:
+                model = load_hf_gpt2(args.hf_dir)
+            except (OSError, ValueError) as e:  # its own words, first line only
+                print(f"{prog}: error: --hf-dir {args.hf_dir}: not a GPT-2 transformers "
+                      f"loads ({str(e).strip().splitlines()[0]})", file=sys.stderr)
+                return 2
+            target = args.target
+        else:
+            model, repository = stack.enter_context(random_gpt2(args.model, seed=args.seed))
+            target = stack.enter_context(serve(repository, args.model))
+        client = stack.enter_context(EmbeddingClient(target, timeout=30))
+        same = report(model, client, args.text, args.model, args.start_position)
     return 0 if same else 1
+
+
+@contextlib.contextmanager
+def _served_here(repository: Path, name: str) -> Iterator[str]:
+    with start_local(repository, name) as server:
+        yield server.target
+
+
+def _main(args: argparse.Namespace) -> int:
+    return compare(PROG, args, _report, _served_here)
 
 
 if __name__ == "__main__":

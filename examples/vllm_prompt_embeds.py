@@ -39,23 +39,13 @@ from client.codec import Embedding
 from client.grammar import TARGET
 from service.local import start_local
 
-try:  # imported as examples.vllm_prompt_embeds
-    from examples.hf_inputs_embeds import random_gpt2, run_example
-except ImportError:  # run as a script: its sibling file
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from hf_inputs_embeds import random_gpt2, run_example  # type: ignore[no-redef]
+if __name__ == "__main__":  # run as a script: its package importable, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.command import Command, Option
+from examples.hf_inputs_embeds import TEXT_OPTION, random_gpt2, run_example
 
-__all__ = [
-    "RELATIONS",
-    "RULES",
-    "TORCH_DTYPES",
-    "build_parser",
-    "completions_body",
-    "embeds_prompt",
-    "main",
-    "parse_args",
-    "to_torch",
-]
+__all__ = ["COMMAND", "TORCH_DTYPES", "build_parser", "completions_body",
+           "embeds_prompt", "main", "parse_args", "to_torch"]
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
                 "bfloat16": torch.bfloat16}
@@ -110,38 +100,22 @@ def _show(client: EmbeddingClient, text: str, model: str, dtype: str) -> None:
 
 
 PROG = "python examples/vllm_prompt_embeds.py"
-RULES: dict[str, flags.Rule] = {
-    "text": flags.text(),
-    "dtype": flags.choice(*sorted(TORCH_DTYPES)),
-    "target": TARGET,
-    "model": flags.model_name(empty="the server's default model"),
-}
-RELATIONS = (flags.needs("model", "target", "the local demo serves one model, gpt2"),)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, each option checked by its rule in RULES."""
-    parser = flags.OneLineParser(
-        prog=PROG,
-        description="Build vLLM's prompt_embeds from the embedding service (token rows, "
-                    "the model's dtype). vLLM itself is not run. Without --target: a "
-                    "random GPT-2's tables served here, offline.")
-    parser.add_argument("--text", default="Input embeddings are what the first block reads.",
-                        help="the text to embed")
-    parser.add_argument("--dtype", default="bfloat16",
-                        metavar="{" + ",".join(sorted(TORCH_DTYPES)) + "}",
-                        help="the dtype vLLM runs the model in (default bfloat16)")
-    parser.add_argument("--target", metavar="HOST:PORT",
-                        help="a running service; default: serve a random GPT-2's tables here")
-    parser.add_argument("--model", help="with --target: the model name (default: the "
-                        "server's default model)")
-    flags.install(parser, RULES)
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line, checked in full; a mistake exits with status 2 and one line."""
-    return flags.parse(build_parser(), RULES, argv, RELATIONS)
+COMMAND = Command(
+    PROG, "Build vLLM's prompt_embeds from the embedding service (token rows, the model's "
+          "dtype). vLLM itself is not run. Without --target: a random GPT-2's tables served "
+          "here, offline.", {
+        "text": TEXT_OPTION,
+        "dtype": Option(flags.choice(*sorted(TORCH_DTYPES)),
+                        "the dtype vLLM runs the model in (default bfloat16)",
+                        default="bfloat16",
+                        metavar="{" + ",".join(sorted(TORCH_DTYPES)) + "}"),
+        "target": Option(TARGET, "a running service; default: serve a random GPT-2's tables "
+                         "here", metavar="HOST:PORT"),
+        "model": Option(flags.model_name(empty="the server's default model"),
+                        "with --target: the model name (default: the server's default "
+                        "model)"),
+    }, (flags.needs("model", "target", "the local demo serves one model, gpt2"),))
+build_parser, parse_args = COMMAND.build_parser, COMMAND.parse_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
