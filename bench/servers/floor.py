@@ -1,21 +1,16 @@
-"""The lookup floors: a server doing the one piece of work no embedding service can skip, the
-lookup, and nothing else (no validation, admission, batching, metrics or frame), over each
-transport the service has. What it sustains is the most a service doing that lookup on that
+"""The lookup floors: the one piece of work no embedding service can skip, the lookup, and
+nothing else (no validation, admission, batching, metrics or frame), over each transport
+the service has (docs/performance.md): the most a service doing that lookup on that
 transport can reach, measured in the same run as the service.
 
-The lookup is the service's own: the checkpoint's tables in ``EmbeddingTables`` and
-``embed_into`` writing each request's rows (token + position rows added in fp32, rounded
-once into the wire dtype) into a reply allocated at its final size, uninitialised, as the
-service allocates its replies; on the event loop, one request at a time.
-
-- gRPC ``Embed`` and ``EmbedStream``: the ids parsed by grpc.aio, as the service's are; the
-  rows go into an ``EmbedResponse`` laid out like the ceiling's (the same fields and size).
-  A request naming a region registered with ``RegisterSharedMemory`` (mapped here) gets its
-  rows written into the region and a reply without them.
-- REST ``POST /<cell>``: the body read, not parsed; the cell's rows go into a body laid
-  out as the service's own response for that cell (captured, as the ceiling's), checked
-  against it byte for byte on first use: a floor answering other bytes would measure
-  something else, so it answers 500 saying so.
+The lookup is the service's own (``EmbeddingTables.embed_into``: token + position rows
+added in fp32, rounded once into the wire dtype) into a reply allocated at its final size,
+uninitialised, as the service allocates its replies; on the event loop, one request at a
+time. gRPC ``Embed``/``EmbedStream``: the rows go into an ``EmbedResponse`` laid out like
+the ceiling's, or into a region registered with ``RegisterSharedMemory`` (mapped here).
+REST ``POST /<cell>``: the body read, not parsed; the rows go into a body laid out as the
+service's own response for that cell (captured), checked against it byte for byte on first
+use: a floor answering other bytes would measure something else, so it answers 500.
 
     python -m bench.servers.floor --port N --checkpoint MODELS/bench/1 \\
         [--http-port M --captured DIR]
@@ -35,7 +30,14 @@ import numpy as np
 import torch
 from aiohttp import web
 
-from bench.servers.host import Captured, HttpHandler, reference_args, reply_handler, serve_forever
+from bench.servers.host import (
+    Captured,
+    HttpHandler,
+    reference_args,
+    reply_fields,
+    reply_handler,
+    serve_forever,
+)
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["Lookup", "main"]
@@ -99,14 +101,11 @@ class GrpcFloor:
         layout = self._layouts.get((T, dtype))
         if layout is None:
             nbytes = T * self.lookup.dim * _WIRE[dtype].itemsize
-            fields = pb.EmbedResponse(token_ids=range(T), model="bench", version=1,
-                                      checkpoint_id="0" * 64, timing=pb.Timing(
-                                          queue_ns=1, tokenize_ns=1, compute_ns=1, total_ns=1))
             whole = pb.EmbedResponse(embeddings=pb.Tensor(
                 shape=[T, self.lookup.dim], dtype=dtype,  # type: ignore[arg-type]
                 data=bytes(nbytes)))
-            whole.MergeFrom(fields)
-            suffix = fields.SerializeToString()  # field 1, the tensor (data last), comes first
+            whole.MergeFrom(reply_fields(T))
+            suffix = reply_fields(T).SerializeToString()  # the tensor (field 1) comes first
             head = whole.SerializeToString()[:-len(suffix) - nbytes]
             layout = self._layouts[(T, dtype)] = (head, suffix)
         return layout

@@ -23,11 +23,8 @@ from bench.harness.checkpoint import GPT2, LLAMA3, MODEL_NAME, Shape, ensure_mod
 from bench.harness.config import BenchConfig
 from bench.harness.launch import (
     MAX_MESSAGE_BYTES,
-    ServerProcess,
-    free_port,
-    launch,
+    launch_service,
     memory_mb,
-    service_argv,
     stop,
     wait_listening,
     wait_serving,
@@ -40,11 +37,6 @@ from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 __all__ = ["run"]
 
 STARTUP_S, RSS_SLACK_MB = 2.0, 300.0
-
-
-def _serve(repo: Path, name: str, log_dir: Path, *extra: str) -> ServerProcess:
-    port = free_port()
-    return launch(name, service_argv(repo, port, *extra), port, log_dir)
 
 
 def _traffic(target: str, shape: Shape, n: int) -> None:
@@ -62,7 +54,7 @@ def _traffic(target: str, shape: Shape, n: int) -> None:
 
 def _one_worker(repo: Path, shape: Shape, log_dir: Path, n: int) -> dict[str, float]:
     """Start-up seconds, then RSS and PSS (MiB) after ``n`` requests, of one server."""
-    server = _serve(repo, "memory-w1", log_dir)
+    server = launch_service("memory-w1", repo, log_dir)
     try:
         listening = wait_listening(server)
         startup = wait_serving(server) - listening
@@ -74,7 +66,7 @@ def _one_worker(repo: Path, shape: Shape, log_dir: Path, n: int) -> dict[str, fl
 
 
 def _two_workers(repo: Path, shape: Shape, log_dir: Path, n: int) -> dict[str, Any]:
-    server = _serve(repo, "memory-w2", log_dir, "--workers", "2")
+    server = launch_service("memory-w2", repo, log_dir, "--workers", "2")
     try:
         wait_serving(server)
         deadline = time.monotonic() + 120  # SERVING is one worker: wait for the other too

@@ -7,9 +7,8 @@ budget admits; then, at each concurrency, health checks (an RPC with no work beh
 what this client and machine cost alone, the floor). Per overload phase: p50/p99 of the
 accepted requests beside the baseline's, the share refused, and p50/p99 of the refusals
 (RESOURCE_EXHAUSTED, measured at the client from call to status) against the target:
-p99 <= 5 ms. Latencies of a phase's warm-up are not counted.
-
-What unread answers cost (slow readers) is the soak's to check: ``make soak``.
+p99 <= 5 ms. Latencies of a phase's warm-up are not counted. What unread answers cost
+(slow readers) is the soak's to check.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.harness.checkpoint import VOCAB_SIZE, Shape, ensure_model
 from bench.harness.config import BenchConfig
-from bench.harness.launch import free_port, service_argv, start, stop
+from bench.harness.launch import launch_service, start, stop
 from bench.harness.load import percentile
 from bench.harness.report import SuiteResult, Target
 from genproto.embedding.v1 import embedding_pb2 as pb
@@ -111,9 +110,8 @@ def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
     rng = random.Random(0)
     requests = [pb.EmbedRequest(token_ids=pb.TokenIds(
         ids=[rng.randrange(VOCAB_SIZE) for _ in range(T)])) for _ in range(8)]
-    port = free_port()
-    server = start({"service-overload": (service_argv(repo, port, *extra), port, -1)},
-                   cfg.out / "logs")["service-overload"]
+    server = start([launch_service("service-overload", repo, cfg.out / "logs", *extra)]
+                   )["service-overload"]
     try:
         baseline = asyncio.run(_phase(server.target, requests, 1, warmup, seconds))
         phases = [asyncio.run(_phase(server.target, requests, c, warmup, seconds))
