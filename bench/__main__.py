@@ -1,10 +1,7 @@
-"""``python -m bench`` (``make bench``; ``--quick`` is ``make bench-smoke``): run the suites,
-print each one's table, then one target block; write ``<out>/bench.json`` and
-``<out>/serving.png``.
-
-Re-executes once with the server's malloc tunables: the load generator decodes multi-MB
-replies too, and with glibc's adaptive mmap threshold it would page-fault every reply
-buffer in again, a client-side cost charged to whichever server is being measured.
+"""``python -m bench``: run the suites, print each one's table, then one target block; write
+``<out>/bench.json`` and ``<out>/serving.png``. Re-executes once with the server's malloc
+tunables: the load generator decodes multi-MB replies too, and glibc's adaptive mmap
+threshold would charge its page faults to the server being measured.
 """
 
 from __future__ import annotations
@@ -72,7 +69,6 @@ def run(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Parse the command line and run."""
     cfg = parse_args(argv)
     run(cfg)
     print(f"\nwrote {cfg.out / 'bench.json'}")

@@ -1,5 +1,4 @@
-"""The benchmarks' checkpoints: random tables of real sizes, written by the real writer (the
-suites' cached between runs, rewritten when their shape changes; the soak's per version)."""
+"""The benchmarks' checkpoints: random tables of real sizes, by the real writer."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The one launcher: every server a benchmark runs starts, waits and stops here.
-
-Each server is its own process (so no two share a GIL), started with this checkout first
-on PYTHONPATH and scripts/serve.sh's glibc malloc tunables, its output in a log file; it is
-ready once its gRPC health says SERVING. Also what /proc says of a running server: its CPU
-time, its memory and its worker processes.
+"""The one launcher: every server a benchmark runs starts (its own process, this checkout
+first on PYTHONPATH, scripts/serve.sh's malloc tunables, a log file), waits for gRPC health
+SERVING and stops here; and what /proc says of it (CPU time, memory, workers).
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ class ServerProcess:
     started: float = field(default_factory=time.monotonic)
 
     def tail(self) -> str:
-        """The end of the log, for an error message."""
         return self.log.read_text(errors="replace")[-3000:]
 
 

@@ -44,7 +44,6 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def rpc(channel: grpc.aio.Channel, method: str, request: Any, response: Any,
         stream: bool = False, prefix: str = _EMBED) -> Any:
-    """``prefix + method`` of ``channel``: unary, or stream-stream."""
     make = channel.stream_stream if stream else channel.unary_unary
     return make(prefix + method, request_serializer=request.SerializeToString,
                 response_deserializer=response.FromString)

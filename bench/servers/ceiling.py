@@ -1,8 +1,6 @@
-"""The transport ceilings: what grpc.aio and aiohttp in Python can move, with no lookup, no
-encoding and no copy of our own (docs/performance.md). gRPC ``Embed`` and ``EmbedStream``
-answer a real ``EmbedResponse`` of the service's size for each (T, dtype), serialized once;
-REST ``POST /<cell>`` reads the body, as the service does, and answers the service's own
-response for that cell (captured from it: same size, same headers).
+"""The transport ceilings: what grpc.aio and aiohttp in Python move with no work of our own
+(docs/performance.md). gRPC answers an ``EmbedResponse`` of the service's size, serialized
+once per (T, dtype); REST reads the body and answers the service's captured response.
 
     python -m bench.servers.ceiling --port N --dim C [--http-port M --captured DIR]
 """
@@ -45,7 +43,6 @@ class CeilingPayloads:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Serve until SIGTERM."""
     args = reference_args("python -m bench.servers.ceiling", argv)
     payloads = CeilingPayloads(args.dim)
     captured = Captured(args.captured) if args.captured else None

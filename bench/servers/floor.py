@@ -1,16 +1,11 @@
-"""The lookup floors: the one piece of work no embedding service can skip, the lookup, and
-nothing else (no validation, admission, batching, metrics or frame), over each transport
-the service has (docs/performance.md): the most a service doing that lookup on that
-transport can reach, measured in the same run as the service.
-
-The lookup is the service's own (``EmbeddingTables.embed_into``: token + position rows
-added in fp32, rounded once into the wire dtype) into a reply allocated at its final size,
-uninitialised, as the service allocates its replies; on the event loop, one request at a
-time. gRPC ``Embed``/``EmbedStream``: the rows go into an ``EmbedResponse`` laid out like
-the ceiling's, or into a region registered with ``RegisterSharedMemory`` (mapped here).
-REST ``POST /<cell>``: the body read, not parsed; the rows go into a body laid out as the
-service's own response for that cell (captured), checked against it byte for byte on first
-use: a floor answering other bytes would measure something else, so it answers 500.
+"""The lookup floors: the lookup no embedding service can skip and nothing else (no
+validation, admission, batching, metrics or frame), over each transport the service has:
+the most a service can reach there (docs/performance.md). The lookup is the service's own
+(``EmbeddingTables.embed_into``) into a reply allocated at its final size, uninitialised,
+as the service allocates it; gRPC replies are laid out as the ceiling's (or the rows go
+into a registered shared-memory region), REST ones as the service's own captured answer,
+checked byte for byte on first use (else 500: a floor answering other bytes would measure
+something else).
 
     python -m bench.servers.floor --port N --checkpoint MODELS/bench/1 \\
         [--http-port M --captured DIR]
@@ -111,7 +106,6 @@ class GrpcFloor:
         return layout
 
     def reply(self, request: pb.EmbedRequest) -> bytes:
-        """The reply to an ``Embed`` (one message of ``EmbedStream``)."""
         ids, dtype = request.token_ids.ids, int(request.dtype)
         if request.output.region:
             return self._into_region(request, ids, dtype)
@@ -150,7 +144,6 @@ class GrpcFloor:
         return pb.UnregisterSharedMemoryResponse()
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
-        """Embed, EmbedStream and the two shared-memory RPCs of embedding.v1."""
         service = "embedding.v1.EmbeddingService"
         shm = grpc.method_handlers_generic_handler(service, {
             "RegisterSharedMemory": grpc.unary_unary_rpc_method_handler(
@@ -189,7 +182,6 @@ def rest_handler(lookup: Lookup, captured: Captured) -> HttpHandler:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Load the tables, then serve until SIGTERM."""
     args = reference_args("python -m bench.servers.floor", argv)
     lookup = Lookup(args.checkpoint)
     rest = rest_handler(lookup, Captured(args.captured)) if args.captured else None

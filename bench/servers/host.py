@@ -81,7 +81,6 @@ class Captured:
             {"headers": cell.headers, "ids": cell.ids, "datatype": cell.datatype}))
 
     def get(self, path: str) -> CapturedCell:
-        """The cell requested at ``/<name>``."""
         cell = self._cells.get(path)
         if cell is None:
             name = self.folder / path.lstrip("/")

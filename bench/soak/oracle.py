@@ -1,15 +1,13 @@
 """The soak's versions: each one published, and every answer checked exactly against the one
 it names.
 
-A version is written by the real writer (atomic: temp dir, then rename) into a staging
-directory next to the repository, registered with the oracle, and only then renamed into
-``models/<model>/<version>``, so no answer can name a version before the soak knows its
-tables. A bad version is a real one with one byte of its embeddings file flipped after the
-manifest recorded its sha256. An answer's rows are recomputed from the tables of the
-version its checkpoint_id names the way the contract says: ``token_table[ids] +
-position_table[s .. s+T-1]`` added in fp32, then cast, and compared byte for byte. An
-answer whose checkpoint_id was never published, or whose version does not match it, fails
-too: that is how a mixed or half-loaded version shows.
+A version is staged by the real writer, registered with the oracle, then renamed into the
+repository, so no answer can name a version the soak does not know; a bad one has a byte
+of its embeddings flipped after its manifest recorded the sha256. An answer's rows are
+recomputed from its version's tables as the contract says (``token_table[ids] +
+position_table[s .. s+T-1]`` in fp32, then cast) and compared byte for byte; an unknown
+checkpoint_id, or a version that does not match it, fails too (a mixed or half-loaded
+version).
 """
 
 from __future__ import annotations

@@ -63,13 +63,11 @@ def build_report(run: Soak, final: list[int], exit_code: int | None) -> dict[str
         "slow_failed": slow["failed"], "slow_rss_within_bound": slow["within_bound"],
         "shm_scenario_passed": None if run.shm is None else run.shm.passed,
     }
-    passed = (checks["lost"] == checks["corrupted"] == checks["wrong_code"]
-              == checks["failed_valid"] == checks["bad_versions_answered"] == 0
-              and bool(checks["bad_versions_refused"])
-              and bool(checks["final_version_is_last_good"])
-              and bool(checks["killed_worker_restarted"]) and exit_code == 0
-              and slow["lost"] == slow["corrupted"] == slow["failed"] == 0
-              and slow["within_bound"] is not False
+    zero = ("lost", "corrupted", "wrong_code", "failed_valid", "bad_versions_answered",
+            "slow_lost", "slow_corrupted", "slow_failed")
+    true = ("bad_versions_refused", "final_version_is_last_good", "killed_worker_restarted")
+    passed = (all(checks[k] == 0 for k in zero) and all(checks[k] for k in true)
+              and exit_code == 0 and checks["slow_rss_within_bound"] is not False
               and checks["shm_scenario_passed"] is not False)
     codes = {f"{rpc} {code} {'valid' if v else 'invalid'}": n
              for (rpc, code, v), n in sorted(t.codes.items())}

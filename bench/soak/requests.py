@@ -1,8 +1,6 @@
-"""The soak's requests: random valid ones (with what to expect) and invalid ones (with the code).
-
-Every valid request names the default model and version 0 (newest), so its answer may come
-from any published version: the answer names it, and the oracle checks the rows against its
-tables. Invalid requests each break one rule and expect one status code.
+"""The soak's requests: random valid ones (with what to expect) and invalid ones (with the
+code). A valid request names the default model's newest version; its answer names the
+version, whose tables the oracle checks it against. An invalid one breaks one rule.
 """
 
 from __future__ import annotations

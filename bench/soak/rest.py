@@ -1,20 +1,13 @@
 """The soak's REST traffic: OIP infer over HTTP beside the gRPC clients, and a REST slow reader.
 
-``RestClient``: one aiohttp session (keep-alive) sending the soak's own random valid
-requests (``RequestMaker.embed``: ids or text, start position, compose, dtype, truncation)
-as ``POST /v2/models/soak/infer`` with the embeddings as binary data, each answer checked
-bit for bit by the oracle (rows, start position, truncated tokens, the version named by
-``checkpoint_id``), and a share of invalid ones (an id past the vocabulary: 400). Tallied
-in the soak's ``Tally`` under ``REST infer``. A request whose connection broke (the worker
-kill) or that met a draining worker (503) is sent again on a new connection, up to
-``_MAX_TRIES`` times: infer is idempotent (the slow reader's too, counted as resumes).
-
-``RestSlowReader``: stretches on the wide model like the gRPC slow readers: one
-connection with a 4 KiB receive buffer sends one request of ``--rest-slow-batch`` x T ids
-(8 MiB at the defaults: more than loopback buffers take), reads **nothing** for
-``--slow-hold`` seconds, then reads the answer and checks every row. The server holds the
-answer (and its in-flight slot, and its bytes in ``--max-unsent-bytes``) until its last
-byte has left; its stretches are the slow readers', so their RSS is measured with theirs.
+``RestClient`` sends the soak's random requests (and a share of invalid ones: 400) as
+``POST /v2/models/soak/infer`` with binary output on one keep-alive session; every answer is
+checked bit for bit by the oracle and tallied under ``REST infer``. ``RestSlowReader``: one
+connection with a 4 KiB receive buffer sends a ``--rest-slow-batch`` x T request on the
+wide model (8 MiB answers), reads nothing for ``--slow-hold`` seconds, then reads and checks
+it; the server holds the answer (its in-flight slot, its bytes in ``--max-unsent-bytes``)
+until its last byte has left. Infer is idempotent: a request whose connection broke (the
+kill) or that met a draining worker (503) is sent again on a new connection.
 """
 
 from __future__ import annotations
@@ -111,7 +104,6 @@ class RestClient:
         self.n = self.retries = 0
 
     async def run(self, until: float) -> None:
-        """Requests back to back until ``until``."""
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(_DEADLINE_S))
         while time.monotonic() < until:
             await self.one(self.session)

@@ -72,7 +72,6 @@ __all__ = ["main", "parse_args", "run_soak"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The soak's flags."""
     p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=4)

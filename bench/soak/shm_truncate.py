@@ -1,15 +1,10 @@
 """The soak's shared-memory scenario: objects truncated under load by their owner.
 
-Beside the soak's other traffic (``--shm-seconds``): ``--shm-clients`` good clients each own
-a region and send shared-memory ``Embed`` requests into it back to back, every answer
-checked bit for bit against the tables (fp32: token row + position row); one careless
-client registers its own object, sends the same requests and, at random moments, shrinks
-it to a few bytes, truncates it to 0 or unlinks it while its requests are in flight, then
-makes a new one and registers again. Its requests may fail with FAILED_PRECONDITION or
-land (a shrink racing the server's check is extended back by the write); nothing else may
-happen to anyone. Passed: 0 lost and 0 corrupted good answers, every careless answer OK or
-FAILED_PRECONDITION (or NOT_FOUND while it re-registers). The model ``soak-shm`` must be
-served from ``tables(seed)`` (``write_model``).
+``--shm-clients`` good clients each own a region and send shared-memory ``Embed`` requests
+into it, every answer checked bit for bit against ``tables(seed)``; one careless client
+shrinks, zeroes or unlinks its own object while its requests are in flight, then registers
+a new one. Passed: no good answer lost or corrupted, every careless answer OK,
+FAILED_PRECONDITION or NOT_FOUND (while it re-registers).
 """
 
 from __future__ import annotations
@@ -51,7 +46,7 @@ def write_model(models: Path, seed: int) -> None:
 
 @dataclass
 class Outcome:
-    """Counts of one run."""
+    """Counts of one scenario run."""
 
     good_ok: int = 0
     lost: int = 0  # a good client's request that failed

@@ -1,20 +1,12 @@
-"""The soak's slow readers: EmbedStreams of large answers that are not read for long stretches.
+"""The soak's slow readers: EmbedStreams of large answers left unread for long stretches.
 
-Each slow reader owns one channel and runs *stretches* back to back until the soak ends:
-it opens an EmbedStream on the wide model (ids only, C = ``--slow-dim``, learned
-positions up to ``--slow-tokens``), writes ``--slow-requests`` requests of T =
-``--slow-tokens`` fp32 ids (1 MiB answers at the defaults: more than the server's stream
-window of 64 answers can hold within its 16 MiB per-stream budget), reads **nothing** for
-``--slow-hold`` seconds, then reads the answers slowly (``--slow-trickle`` seconds between
-answers), each checked bit for bit by its own oracle. The server paces such a stream
-(service/engine/budgets.py): it stops reading the stream's requests once its unsent answers
-reach the budget, so every answer still arrives, exact, once the client reads.
-
-Its figures are kept apart from the other clients' (``SlowTally``, the REST slow readers'
-too), so the soak's lost / corrupted counts stay "everyone else". ``rss_during`` puts the
-server's RSS samples next to the stretches: the growth while a stretch holds, against what
-the budget allows. Bounded: at most ``_MAX_STRETCHES`` stretches, none started unless it
-can finish before the soak's end, every stream under a deadline, ``_MAX_RESUMES`` resumes.
+A stretch: an EmbedStream on the wide model (ids only) of ``--slow-requests`` requests of
+T = ``--slow-tokens`` (1 MiB answers at the defaults: more than the stream's window of 64
+answers can hold within its 16 MiB budget), nothing read for ``--slow-hold`` seconds, then
+the answers read slowly, each checked bit for bit. The server paces such a stream
+(service/engine/budgets.py), so every answer still arrives, exact. Their figures
+(``SlowTally``, the REST slow readers' too) are kept apart from the other clients', and
+``rss_during`` sets the server's RSS beside each stretch against what the budget allows.
 """
 
 from __future__ import annotations
@@ -50,7 +42,6 @@ _READ_SLACK_S = 60.0  # deadline beyond hold + trickle: a loaded machine, a rest
 
 
 def add_slow_args(p: argparse.ArgumentParser) -> None:
-    """The slow readers' flags."""
     p.add_argument("--slow-readers", type=int, default=1,
                    help="clients that hold EmbedStreams of large answers unread; 0 = none")
     p.add_argument("--slow-tokens", type=int, default=1024, help="T of their requests")
@@ -82,12 +73,10 @@ class SlowTally(Problems):
                 "answered": 0, "resumes": 0}
 
     def held(self, rec: dict[str, Any], hold: float) -> None:
-        """The stretch stopped holding (when it held at all)."""
         if hold:
             rec["hold_end"] = time.monotonic() - self.t0
 
     def end(self, rec: dict[str, Any]) -> None:
-        """The stretch is over: its record kept."""
         rec["end"] = time.monotonic() - self.t0
         self.stretches.append({k: round(v, 2) if isinstance(v, float) else v
                                for k, v in rec.items()})

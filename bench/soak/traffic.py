@@ -1,12 +1,10 @@
 """The soak's clients: random Embed / EmbedBatch / EmbedStream calls, every outcome tallied.
 
-Each client owns one grpc.aio channel with client.retry's policy (gRPC retries UNAVAILABLE
-below us). Outcomes, per request message: valid and answered: checked by the oracle, a
-mismatch is *corrupted*; valid and refused: a *failure* under its code; invalid: must get
-exactly its expected code (else *wrong_code*); *lost*: a valid request sent and never
-answered (its deadline expired, or its stream ended OK with fewer answers than requests).
-A stream broken after its first answer (gRPC no longer retries it then) is resumed from its
-first unanswered request on a new stream (``stream_resumes``), up to 3 times.
+Per request message: valid and answered: checked by the oracle, else *corrupted*; valid
+and refused: a *failure*; invalid: must get its expected code, else *wrong_code*; *lost*:
+valid and never answered (its deadline expired, or its stream ended OK short). A stream
+broken after an answer (gRPC does not retry it then) is resumed from its first unanswered
+request (``stream_resumes``).
 """
 
 from __future__ import annotations
@@ -127,12 +125,10 @@ class SoakClient:
         self.tally.answer(rpc, exp, resp, check(resp, exp) if exp.code == OK else None, sent)
 
     async def embed(self) -> None:
-        """One Embed (with invalid_share, an invalid one)."""
         await self._unary("Embed", self.maker.embed, self.maker.bad_embed, self.stub.Embed,
                           self.oracle.check_embed)
 
     async def batch(self) -> None:
-        """One EmbedBatch (with invalid_share, an invalid one)."""
         await self._unary("EmbedBatch", self.maker.batch, self.maker.bad_batch,
                           self.stub.EmbedBatch, self.oracle.check_batch)
 
@@ -205,7 +201,6 @@ class AttemptCounter:
         self._subchannels: dict[int, int] = {}  # id -> largest callsStarted seen
 
     def sample(self) -> None:
-        """Read channelz now."""
         from grpc._cython import cygrpc
 
         calls = 0
@@ -222,10 +217,8 @@ class AttemptCounter:
 
     @property
     def attempts(self) -> int:
-        """Attempts counted on subchannels so far."""
         return sum(self._subchannels.values())
 
     @property
     def retries(self) -> int:
-        """Attempts beyond each call's first."""
         return self.attempts - self.calls

@@ -40,7 +40,7 @@ import torch
 
 from bench.harness.checkpoint import MODEL_NAME, VOCAB_SIZE, Shape, ensure_model
 from bench.harness.launch import launch_service, stop, wait_serving
-from bench.harness.timing import median_seconds
+from bench.suites.gpu_gather import median_seconds
 from client.cuda_shm import CudaSharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc

@@ -1,12 +1,7 @@
-"""The memory suite: start-up and resident memory of the real server, for a GPT-2-size table
-(50257 x 768 fp32, 154 MB) and a Llama-3-size one (128256 x 4096 bf16, 1 GB).
-
-For each table, ``python -m service`` (one worker) started afresh (best of three): its
-start-up, from the gRPC port accepting connections to health SERVING (load, sha256 of every
-file, tables mapped; the interpreter's imports excluded), against 2 s; then, after T=1024
-requests, its RSS against the table + 300 MB, and its PSS. Then ``--workers 2`` on one port:
-each worker's PSS after traffic and their sum (the parent shares one copy of the table with
-its workers).
+"""The memory suite: start-up and resident memory of the real server for a GPT-2-size and a
+Llama-3-size table: start-up from the port accepting connections to SERVING (best of
+three; the interpreter's imports excluded), RSS and PSS after T=1024 requests, then each
+worker's PSS with ``--workers 2`` (the parent shares one copy of the table with them).
 """
 
 from __future__ import annotations
@@ -82,7 +77,6 @@ def _two_workers(repo: Path, shape: Shape, log_dir: Path, n: int) -> dict[str, A
 
 
 def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
-    """Every table: start-up, then memory with one and with two workers."""
     tables = {"gpt2": GPT2, "llama3": LLAMA3}
     tries, n = 3, 100
     if cfg.quick:

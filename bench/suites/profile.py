@@ -122,7 +122,6 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
-    """The service at T=16 fp32 over each wire at each concurrency, sampled."""
     T = min(cfg.ts)
     cfg = replace(cfg, backends=("service",), modes=WIRES, ts=(T,), dtypes=("float32",))
     repo = ensure_model(cfg.model_cache, Shape(VOCAB_SIZE, cfg.dim, cfg.max_seq_len))

@@ -1,13 +1,8 @@
-"""The scaling suite: two ways past one process's per-message cost.
-
-1. Packed: 64 sequences of T=16 per round, sent three ways to one service: one
-   ``EmbedBatch`` (one message, one [1024, C] tensor), 64 concurrent unary ``Embed`` calls,
-   and 64 messages on one ``EmbedStream``. Target: EmbedBatch tokens/s >= 5 x unary.
-2. Workers: the service with ``--workers 1`` and ``--workers 2`` (one port,
-   SO_REUSEPORT), unary fp32 c=16 at the largest and smallest T. The load generator shares
-   the machine's cores, so this shows what a second process buys on a box that is already
-   full; on a pod with its own cores, size workers to cores.
-Rounds are interleaved; figures are medians, ratios per-round medians.
+"""The scaling suite: two ways past one process's per-message cost. Packed: 64 sequences of
+T=16 per round as one ``EmbedBatch``, 64 concurrent unary ``Embed`` calls and 64 messages on
+one ``EmbedStream``. Workers: ``--workers 1`` against ``--workers 2`` (one port,
+SO_REUSEPORT), unary fp32 c=16 at the largest and smallest T; the load generator shares the
+cores, so this is what a second process buys on a full box. Rounds interleaved.
 """
 
 from __future__ import annotations
@@ -74,7 +69,6 @@ async def _tokens_per_s(target: str, how: Round, seqs: list[list[int]], seconds:
 
 
 def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
-    """Both measurements over ``cfg.reps`` interleaved rounds."""
     repo = ensure_model(cfg.model_cache, Shape(VOCAB_SIZE, cfg.dim, cfg.max_seq_len))
     rng = random.Random(0)
     seqs = [[rng.randrange(VOCAB_SIZE) for _ in range(T)] for _ in range(B)]

@@ -1,15 +1,9 @@
-"""The serving suite: every way out of the service beside the servers that bound it.
-
-Four servers, each its own process, started once: the **ceiling** (the transport with no
-work behind it), the **lookup floor** (the transport plus the lookup), the **naive**
-baseline and the **service** (bench/servers/). Every cell (mode, T, dtype, requests in
-flight c) runs on each server that has that mode (``SERVES``), the servers of a point back
-to back; rounds are interleaved, so drift on the machine hits every server alike.
-gRPC cells cycle 8 distinct requests; a REST point sends one request, whose answer the
-service gives once before the rounds (``capture``) for the REST ceiling to answer with and
-the floor to lay its rows out as. Per cell: req/s, tokens/s, MB/s of tensor payload,
-p50/p99 latency and the server's CPU per reply, each the median of the rounds; ratios are
-per-round medians.
+"""The serving suite: every way out of the service beside the servers that bound it
+(docs/performance.md, "What is measured"). Four servers, each its own process, started
+once; every cell (mode, T, dtype, requests in flight c) runs on each server that has its
+mode, a point's servers back to back, rounds interleaved so that drift on the machine hits
+every server alike. A REST point's answer is captured from the service once (``capture``)
+for the REST ceiling to answer with and the floor to lay its rows out as.
 """
 
 from __future__ import annotations
@@ -153,7 +147,6 @@ def capture(service: ServerProcess, todo: list[Cell], ids: dict[int, list[list[i
 
 def measure_cell(cfg: BenchConfig, cell: Cell, server: ServerProcess,
                  ids: dict[int, list[list[int]]]) -> Measurement:
-    """One cell's window against ``server``, with the server's CPU over it."""
     if cell.mode in ("rest", "json"):
         path = f"v2/models/{MODEL_NAME}/infer" if cell.backend == "service" else cell.point
         url = f"http://127.0.0.1:{server.http_port}/{path}"
@@ -265,7 +258,6 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
-    """Start the servers, run every cell ``cfg.reps`` times interleaved, stop them."""
     repo = ensure_model(cfg.model_cache, Shape(VOCAB_SIZE, cfg.dim, cfg.max_seq_len))
     todo, ids = cells(cfg), request_ids(cfg)
     captured = Captured(cfg.out / "captured")
