@@ -18,6 +18,7 @@ from typing import Any
 
 from bench.harness.config import BenchConfig, parse_args
 from bench.harness.launch import GLIBC_TUNABLES, ROOT
+from bench.harness.plot import save_png, serving_figure
 from bench.harness.report import SuiteResult, format_targets
 from bench.suites import SUITES
 
@@ -57,13 +58,8 @@ def run(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
     report = {"meta": meta, **{r.name: r.json() for r in results}}
     (cfg.out / "bench.json").write_text(json.dumps(report, indent=1))
     if "serving" in report:
-        from bench.harness.plot import plot_serving
-        from training.plot import PlotsUnavailable
-
-        try:
-            plot_serving(report["serving"]["cells"], cfg.out / "serving.png")
-        except PlotsUnavailable as e:  # the JSON and the printed tables are the result
-            log(f"bench: no serving.png: {e}")
+        save_png(cfg.out / "serving.png", 110, log, "bench", serving_figure,
+                 report["serving"]["cells"])
     log(format_targets([t for r in results for t in r.targets], meta))
     return report
 

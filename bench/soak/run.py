@@ -55,10 +55,11 @@ from bench.harness.launch import (
     wait_serving,
     worker_pids,
 )
+from bench.harness.plot import save_png, soak_figure
 from bench.soak import shm_truncate
 from bench.soak import slow as slowly
 from bench.soak.oracle import Oracle, Publisher
-from bench.soak.report import build_report, format_summary, plot_soak
+from bench.soak.report import build_report, format_summary
 from bench.soak.requests import MODEL, RequestMaker
 from bench.soak.rest import RestClient, RestSlowReader
 from bench.soak.traffic import AttemptCounter, SoakClient, Tally
@@ -66,7 +67,6 @@ from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
-from training.plot import PlotsUnavailable
 
 __all__ = ["main", "parse_args", "run_soak"]
 
@@ -292,10 +292,8 @@ def run_soak(args: argparse.Namespace) -> dict[str, Any]:
     shutil.copyfile(run.server.log, args.out / "soak-server.log")
     shutil.rmtree(root, ignore_errors=True)  # the repository: tens of MB per version
     (args.out / "soak.json").write_text(json.dumps(report, indent=1))
-    try:
-        plot_soak(report, args.out / "soak.png")
-    except PlotsUnavailable as e:  # the JSON and the summary are the result
-        print(f"soak: no soak.png: {e}", file=sys.stderr)
+    save_png(args.out / "soak.png", 100, lambda line: print(line, file=sys.stderr), "soak",
+             soak_figure, report)
     return report
 
 
