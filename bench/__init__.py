@@ -1,14 +1,12 @@
 """Serving benchmarks: ``python -m bench`` (``make bench``; ``--quick``: ``make bench-smoke``)
-and the soak (``python -m bench.soak``, ``make soak``).
+and the soak (``python -m bench.soak``, ``make soak``); docs/performance.md.
 
-- ``harness/``: what every suite uses: the one server launcher (``launch``), the benchmark
-  checkpoints, load generation (gRPC and REST), the run's configuration, the target
-  verdicts (``report``) and the plot.
-- ``servers/``: the reference servers the service is measured against: the transport
-  ceilings, the lookup floors (gRPC and REST: the transport plus the service's own lookup,
-  nothing else) and the naive baseline.
-- ``suites/``: what ``make bench`` runs, each ending in target lines: serving, scaling,
-  overload, memory; and ``gpu_gather``, the device check ``scripts/gpu.sh`` runs.
+- ``harness/``: what every suite uses: the server launcher, checkpoints, load generation,
+  configuration, target verdicts and the plot.
+- ``servers/``: the reference servers: transport ceilings, lookup floors, the naive baseline.
+- ``suites/``: what ``make bench`` runs, each ending in target lines (serving, scaling,
+  overload, memory, profile); and the GPU checks ``scripts/gpu.sh`` runs (gpu_gather,
+  cuda_shm).
 - ``soak/``: minutes of mixed traffic with reloads, a killed worker, slow readers and
   truncated shared memory, every answer checked bit for bit.
 

@@ -1,10 +1,7 @@
-"""``python -m bench`` (``make bench``; ``--quick`` is ``make bench-smoke``): run the suites,
-print each one's table, then one target block; write ``<out>/bench.json`` and
-``<out>/serving.png``.
-
-Re-executes once with the server's malloc tunables: the load generator decodes multi-MB
-replies too, and with glibc's adaptive mmap threshold it would page-fault every reply
-buffer in again, a client-side cost charged to whichever server is being measured.
+"""``python -m bench``: run the suites, print each one's table, then one target block; write
+``<out>/bench.json`` and ``<out>/serving.png``. Re-executes once with the server's malloc
+tunables: the load generator decodes multi-MB replies too, and glibc's adaptive mmap
+threshold would charge its page faults to the server being measured.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ from typing import Any
 
 from bench.harness.config import BenchConfig, parse_args
 from bench.harness.launch import GLIBC_TUNABLES, ROOT
+from bench.harness.plot import save_png, serving_figure
 from bench.harness.report import SuiteResult, format_targets
 from bench.suites import SUITES
 
@@ -60,19 +58,13 @@ def run(cfg: BenchConfig, log: Any = print) -> dict[str, Any]:
     report = {"meta": meta, **{r.name: r.json() for r in results}}
     (cfg.out / "bench.json").write_text(json.dumps(report, indent=1))
     if "serving" in report:
-        from bench.harness.plot import plot_serving
-        from training.plot import PlotsUnavailable
-
-        try:
-            plot_serving(report["serving"]["cells"], cfg.out / "serving.png")
-        except PlotsUnavailable as e:  # the JSON and the printed tables are the result
-            log(f"bench: no serving.png: {e}")
+        save_png(cfg.out / "serving.png", 110, log, "bench", serving_figure,
+                 report["serving"]["cells"])
     log(format_targets([t for r in results for t in r.targets], meta))
     return report
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Parse the command line and run."""
     cfg = parse_args(argv)
     run(cfg)
     print(f"\nwrote {cfg.out / 'bench.json'}")

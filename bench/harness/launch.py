@@ -1,9 +1,6 @@
-"""The one launcher: every server a benchmark runs starts, waits and stops here.
-
-Each server is its own process (so no two share a GIL), started with this checkout first
-on PYTHONPATH and scripts/serve.sh's glibc malloc tunables, its output in a log file; it is
-ready once its gRPC health says SERVING. Also what the suites read of a running server
-from /proc: its CPU time, its memory and its worker processes.
+"""The one launcher: every server a benchmark runs starts (its own process, this checkout
+first on PYTHONPATH, scripts/serve.sh's malloc tunables, a log file), waits for gRPC health
+SERVING and stops here; and what /proc says of it (CPU time, memory, workers).
 """
 
 from __future__ import annotations
@@ -20,9 +17,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["GLIBC_TUNABLES", "MAX_MESSAGE_BYTES", "ROOT", "ServerProcess", "child_env",
-           "cpu_seconds", "free_port", "launch", "memory_mb", "process_tree", "service_argv",
-           "start", "stop", "wait_listening", "wait_serving", "worker_pids"]
+__all__ = ["GLIBC_TUNABLES", "MAX_MESSAGE_BYTES", "ROOT", "ServerProcess", "cpu_seconds",
+           "free_port", "launch", "launch_service", "memory_mb", "process_tree", "service_argv",
+           "start", "stop", "tree_rss_mb", "wait_listening", "wait_serving", "worker_pids"]
 
 ROOT = Path(__file__).resolve().parents[2]
 # The service's default --max-message-bytes: every reference server and client here uses it.
@@ -42,13 +39,7 @@ class ServerProcess:
     http_port: int = -1
     started: float = field(default_factory=time.monotonic)
 
-    @property
-    def port(self) -> int:
-        """The gRPC port."""
-        return int(self.target.rsplit(":", 1)[1])
-
     def tail(self) -> str:
-        """The end of the log, for an error message."""
         return self.log.read_text(errors="replace")[-3000:]
 
 
@@ -57,16 +48,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def child_env() -> dict[str, str]:
-    """A bench child's environment: this checkout first on PYTHONPATH, the caller's after
-    (that keeps the wheels scripts/gpu.sh installs beside a GPU image's own packages)."""
-    env = dict(os.environ)
-    env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    env["PYTHON"] = sys.executable  # scripts/serve.sh runs the service with this interpreter
-    return env
 
 
 def service_argv(repo: Path, port: int, *extra: str, http_port: int = -1,
@@ -80,13 +61,27 @@ def service_argv(repo: Path, port: int, *extra: str, http_port: int = -1,
 
 def launch(name: str, argv: Sequence[str], port: int, log_dir: Path,
            http_port: int = -1) -> ServerProcess:
-    """Start one server process, its output into ``log_dir/<name>.log``."""
+    """Start one server process, its output into ``log_dir/<name>.log``. Its environment:
+    this checkout first on PYTHONPATH, the caller's after (that keeps the wheels
+    scripts/gpu.sh installs beside a GPU image's own packages)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
+    env = dict(os.environ)
+    env.setdefault("GLIBC_TUNABLES", GLIBC_TUNABLES)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHON"] = sys.executable  # scripts/serve.sh runs the service with this interpreter
     with log.open("wb") as fh:
-        proc = subprocess.Popen(list(argv), cwd=ROOT, env=child_env(), stdout=fh,
+        proc = subprocess.Popen(list(argv), cwd=ROOT, env=env, stdout=fh,
                                 stderr=subprocess.STDOUT)
     return ServerProcess(name, f"127.0.0.1:{port}", proc, log, http_port)
+
+
+def launch_service(name: str, repo: Path, log_dir: Path, *extra: str, http_port: int = -1,
+                   device: str = "cpu") -> ServerProcess:
+    """The service (``service_argv``) on a free port."""
+    port = free_port()
+    argv = service_argv(repo, port, *extra, http_port=http_port, device=device)
+    return launch(name, argv, port, log_dir, http_port)
 
 
 def _check_alive(server: ServerProcess, deadline: float, what: str) -> None:
@@ -99,10 +94,10 @@ def _check_alive(server: ServerProcess, deadline: float, what: str) -> None:
 
 def wait_listening(server: ServerProcess, timeout_s: float = 120.0) -> float:
     """Seconds from launch until the gRPC port accepts connections (polled every 5 ms)."""
-    deadline = time.monotonic() + timeout_s
+    deadline, port = time.monotonic() + timeout_s, int(server.target.rsplit(":", 1)[1])
     while True:
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", server.port)) == 0:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
                 return time.monotonic() - server.started
         _check_alive(server, deadline, "listening")
         time.sleep(0.005)
@@ -125,22 +120,22 @@ def wait_serving(server: ServerProcess, timeout_s: float = 120.0) -> float:
             time.sleep(0.01)
 
 
-def start(argvs: dict[str, tuple[list[str], int, int]], log_dir: Path,
-          timeout_s: float = 120.0) -> dict[str, ServerProcess]:
-    """Launch every ``name: (argv, port, http_port)`` at once; return when all are SERVING."""
-    servers = {name: launch(name, argv, port, log_dir, http_port)
-               for name, (argv, port, http_port) in argvs.items()}
+def start(servers: Iterable[ServerProcess], timeout_s: float = 120.0
+          ) -> dict[str, ServerProcess]:
+    """``servers``, launched, by name once all are SERVING (all stopped if one fails)."""
+    by_name = {s.name: s for s in servers}
     try:
-        for server in servers.values():
+        for server in by_name.values():
             wait_serving(server, timeout_s)
     except BaseException:
-        stop(servers.values())
+        stop(by_name.values())
         raise
-    return servers
+    return by_name
 
 
-def stop(servers: Iterable[ServerProcess]) -> list[int | None]:
-    """SIGTERM each server, SIGKILL what has not exited in 30 s; their exit statuses."""
+def stop(servers: Iterable[ServerProcess], timeout_s: float = 30.0) -> list[int | None]:
+    """SIGTERM each server, SIGKILL what has not exited in ``timeout_s``; their exit
+    statuses (None: killed)."""
     servers = list(servers)
     for server in servers:
         if server.proc.poll() is None:
@@ -148,7 +143,7 @@ def stop(servers: Iterable[ServerProcess]) -> list[int | None]:
     codes: list[int | None] = []
     for server in servers:
         try:
-            codes.append(server.proc.wait(timeout=30))
+            codes.append(server.proc.wait(timeout=timeout_s))
         except subprocess.TimeoutExpired:
             server.proc.kill()
             server.proc.wait()
@@ -202,3 +197,9 @@ def memory_mb(pid: int, key: str = "VmRSS") -> float:
     except OSError:
         pass
     return 0.0
+
+
+def tree_rss_mb(parent: int) -> tuple[float, dict[int, float]]:
+    """RSS of a server: parent + every child (workers, resource tracker), in MiB."""
+    each = {pid: memory_mb(pid) for pid in process_tree(parent)}
+    return sum(each.values()), each

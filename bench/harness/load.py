@@ -1,17 +1,6 @@
-"""Load generation: N requests in flight against one server, every reply checked, counted in
-a measurement window, with the server's CPU over that window.
-
-gRPC (one grpc.aio client; every reply decoded to numpy and its shape checked):
-``unary``: N coroutines, each one ``Embed`` at a time; ``stream``: one ``EmbedStream`` with a
-window of N requests written ahead of their replies (replies come back in request order,
-so a FIFO of send times gives each latency); ``oip``: unary ``ModelInfer`` with
-``input_ids`` INT64 [1, T] in raw_input_contents; ``shm``: each in-flight slot owns a
-/dev/shm region registered with the server, ``Embed`` names it as the output and the rows
-are read back as a numpy view of it (no copy). REST (aiohttp, keep-alive): N clients, each
-one POST at a time, every body read and its status and size checked.
-
-Only replies that arrive inside the window count; the warm-up before it lets HTTP/2 flow
-control and the servers' allocators settle.
+"""Load generation (docs/performance.md, "What is measured"): N requests in flight against
+one server in a mode (gRPC ``unary``, ``stream``, ``oip``, ``shm``; REST), every reply
+checked, counted in a measurement window after a warm-up, with the server's CPU over it.
 """
 
 from __future__ import annotations
@@ -33,24 +22,31 @@ from client.shm import SharedMemoryRegion, rows_from_region
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
 
-__all__ = ["DTYPE_ENUM", "Measurement", "Window", "grpc_load", "http_load", "measure",
-           "percentile"]
+__all__ = ["DTYPE_ENUM", "WIRE_NAMES", "Measurement", "Window", "grpc_load", "http_load",
+           "measure", "percentile", "rpc"]
 
 DTYPE_ENUM = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16,
               "bfloat16": pb.DTYPE_BFLOAT16}
 # numpy has no bfloat16: its bits are decoded as uint16 (zero-copy, like the others).
 _NP = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_FLOAT16: np.float16, pb.DTYPE_BFLOAT16: np.uint16}
-_OIP_DATATYPE = {pb.DTYPE_FLOAT32: "FP32", pb.DTYPE_FLOAT16: "FP16", pb.DTYPE_BFLOAT16: "BF16"}
+# The wire dtypes' names in the Open Inference Protocol (gRPC and REST).
+WIRE_NAMES: dict[int, str] = {pb.DTYPE_FLOAT32: "FP32", pb.DTYPE_FLOAT16: "FP16",
+                              pb.DTYPE_BFLOAT16: "BF16"}
 _OIP_NP = {"FP32": np.float32, "FP16": np.float16, "BF16": np.uint16}
 _EMBED = "/embedding.v1.EmbeddingService/"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile of unsorted ``values`` (nan when empty)."""
-    if not values:
-        return float("nan")
     s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))] if s else float("nan")
+
+
+def rpc(channel: grpc.aio.Channel, method: str, request: Any, response: Any,
+        stream: bool = False, prefix: str = _EMBED) -> Any:
+    make = channel.stream_stream if stream else channel.unary_unary
+    return make(prefix + method, request_serializer=request.SerializeToString,
+                response_deserializer=response.FromString)
 
 
 @dataclass(frozen=True)
@@ -80,7 +76,6 @@ class Window:
             self.latencies.append(now - sent)
 
     async def watch_cpu(self, pid: int) -> None:
-        """Read ``pid``'s CPU time at the window's start and end."""
         await asyncio.sleep(max(0.0, (self.start - time.perf_counter_ns()) / 1e9))
         before = cpu_seconds(pid)
         await asyncio.sleep(max(0.0, (self.end - time.perf_counter_ns()) / 1e9))
@@ -126,14 +121,14 @@ def _tensor(resp: pb.EmbedResponse) -> np.ndarray:
 
 
 def _oip_request(request: pb.EmbedRequest) -> oip.ModelInferRequest:
-    """The ModelInfer equivalent of an ids-only Embed request."""
+    # The ModelInfer equivalent of an ids-only Embed request: input_ids INT64 [1, T].
     ids = np.asarray(request.token_ids.ids, dtype="<i8")
     tensor = oip.ModelInferRequest.InferInputTensor(name="input_ids", datatype="INT64",
                                                     shape=[1, len(ids)])
     out = oip.ModelInferRequest(
         model_name=request.model, inputs=[tensor], raw_input_contents=[ids.tobytes()],
         outputs=[oip.ModelInferRequest.InferRequestedOutputTensor(name="embeddings")])
-    out.parameters["datatype"].string_param = _OIP_DATATYPE[request.dtype]
+    out.parameters["datatype"].string_param = WIRE_NAMES[request.dtype]
     return out
 
 
@@ -143,11 +138,9 @@ def _oip_rows(resp: oip.ModelInferResponse) -> np.ndarray:
     return data.reshape(tuple(out.shape)[1:])  # (T, C) of the [1, T, C] output
 
 
-async def _stream(channel: grpc.aio.Channel, method: str, parse: Callable[[bytes], Any],
-                  decode: Callable[[Any], np.ndarray], requests: list[pb.EmbedRequest],
-                  concurrency: int, shape: tuple[int, int], window: Window) -> None:
-    call = channel.stream_stream(method, request_serializer=pb.EmbedRequest.SerializeToString,
-                                 response_deserializer=parse)()
+async def _stream(call: Any, decode: Callable[[Any], np.ndarray],
+                  requests: list[pb.EmbedRequest], concurrency: int, shape: tuple[int, int],
+                  window: Window) -> None:
     slots = asyncio.Semaphore(concurrency)
     sent: collections.deque[int] = collections.deque()
 
@@ -175,14 +168,10 @@ async def _stream(channel: grpc.aio.Channel, method: str, parse: Callable[[bytes
 
 async def _shm(channel: grpc.aio.Channel, requests: list[pb.EmbedRequest], concurrency: int,
                shape: tuple[int, int], window: Window) -> None:
-    def rpc(name: str, request: Any, response: Any) -> grpc.aio.UnaryUnaryMultiCallable:
-        return channel.unary_unary(_EMBED + name, request_serializer=request.SerializeToString,
-                                   response_deserializer=response.FromString)
-
-    embed = rpc("Embed", pb.EmbedRequest, pb.EmbedResponse)
-    register = rpc("RegisterSharedMemory", pb.RegisterSharedMemoryRequest,
+    embed = rpc(channel, "Embed", pb.EmbedRequest, pb.EmbedResponse)
+    register = rpc(channel, "RegisterSharedMemory", pb.RegisterSharedMemoryRequest,
                    pb.RegisterSharedMemoryResponse)
-    unregister = rpc("UnregisterSharedMemory", pb.UnregisterSharedMemoryRequest,
+    unregister = rpc(channel, "UnregisterSharedMemory", pb.UnregisterSharedMemoryRequest,
                      pb.UnregisterSharedMemoryResponse)
     size = shape[0] * shape[1] * np.dtype(_NP[requests[0].dtype]).itemsize
     regions = [SharedMemoryRegion(f"bench{k}", size) for k in range(concurrency)]
@@ -220,30 +209,25 @@ async def grpc_load(window: Window, target: str, mode: str, requests: list[pb.Em
         if mode == "shm":
             await _shm(channel, requests, concurrency, shape, window)
             return
-        prefix: str = _EMBED
-        parse: Callable[[bytes], Any] = pb.EmbedResponse.FromString
+        reply: Any = pb.EmbedResponse
         decode: Callable[[Any], np.ndarray] = _tensor
+        prefix = _EMBED
         if naive:
-            prefix, parse, decode = f"/{SERVICE_NAME}/", NaiveResponse.FromString, decode_naive
+            prefix, reply, decode = f"/{SERVICE_NAME}/", NaiveResponse, decode_naive
         if mode == "stream":
-            await _stream(channel, prefix + "EmbedStream", parse, decode, requests,
-                          concurrency, shape, window)
+            call = rpc(channel, "EmbedStream", pb.EmbedRequest, reply, True, prefix)()
+            await _stream(call, decode, requests, concurrency, shape, window)
             return
+        calls: list[Any] = list(requests)
         if mode == "oip":
-            calls: list[Any] = [_oip_request(r) for r in requests]
-            decode = _oip_rows
-            call = channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=oip.ModelInferRequest.SerializeToString,
-                response_deserializer=oip.ModelInferResponse.FromString)
+            calls, decode = [_oip_request(r) for r in requests], _oip_rows
+            unary = rpc(channel, "ModelInfer", oip.ModelInferRequest, oip.ModelInferResponse,
+                        prefix="/inference.GRPCInferenceService/")
         else:
-            calls = list(requests)
-            call = channel.unary_unary(prefix + "Embed",
-                                       request_serializer=pb.EmbedRequest.SerializeToString,
-                                       response_deserializer=parse)
+            unary = rpc(channel, "Embed", pb.EmbedRequest, reply, prefix=prefix)
 
         async def one(k: int, i: int) -> None:
-            _check(decode(await call(calls[i % len(calls)])), shape)
+            _check(decode(await unary(calls[i % len(calls)])), shape)
 
         await _closed_loops(window, concurrency, one)
 

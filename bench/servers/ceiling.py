@@ -1,11 +1,6 @@
-"""The transport ceilings: what grpc.aio and aiohttp in Python can move, with no lookup, no
-encoding and no copy of our own. The service can approach them, not pass them.
-
-gRPC (``Embed``, ``EmbedStream``): the reply for each (T, dtype) is a real
-``EmbedResponse`` of the service's size, serialized once; the handler only parses the
-request and hands gRPC the bytes. REST (``POST /<cell>``): the request body is read, as
-the service reads it, and the answer is the service's own response for that cell
-(captured from it: same size, same headers).
+"""The transport ceilings: what grpc.aio and aiohttp in Python move with no work of our own
+(docs/performance.md). gRPC answers an ``EmbedResponse`` of the service's size, serialized
+once per (T, dtype); REST reads the body and answers the service's captured response.
 
     python -m bench.servers.ceiling --port N --dim C [--http-port M --captured DIR]
 """
@@ -17,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from aiohttp import web
 
-from bench.servers.host import Captured, reference_args, reply_handler, serve_forever
+from bench.servers.host import Captured, reference_args, reply_fields, reply_handler, serve_forever
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["CeilingPayloads", "main"]
@@ -39,19 +34,15 @@ class CeilingPayloads:
         payload = self._cache.get(key)
         if payload is None:
             T, dtype = key
-            data = self._rng.bytes(T * self.dim * _ITEMSIZE[dtype])
-            # The fields the service fills, so the sizes match to a few bytes.
-            resp = pb.EmbedResponse(
-                embeddings=pb.Tensor(shape=[T, self.dim], dtype=dtype,  # type: ignore[arg-type]
-                                     data=data),
-                token_ids=list(range(T)), model="bench", version=1, checkpoint_id="0" * 64,
-                timing=pb.Timing(queue_ns=1, tokenize_ns=1, compute_ns=1, total_ns=1))
+            resp = pb.EmbedResponse(embeddings=pb.Tensor(
+                shape=[T, self.dim], dtype=dtype,  # type: ignore[arg-type]
+                data=self._rng.bytes(T * self.dim * _ITEMSIZE[dtype])))
+            resp.MergeFrom(reply_fields(T))
             payload = self._cache[key] = resp.SerializeToString()
         return payload
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Serve until SIGTERM."""
     args = reference_args("python -m bench.servers.ceiling", argv)
     payloads = CeilingPayloads(args.dim)
     captured = Captured(args.captured) if args.captured else None

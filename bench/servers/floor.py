@@ -1,21 +1,11 @@
-"""The lookup floors: a server doing the one piece of work no embedding service can skip, the
-lookup, and nothing else (no validation, admission, batching, metrics or frame), over each
-transport the service has. What it sustains is the most a service doing that lookup on that
-transport can reach, measured in the same run as the service.
-
-The lookup is the service's own: the checkpoint's tables in ``EmbeddingTables`` and
-``embed_into`` writing each request's rows (token + position rows added in fp32, rounded
-once into the wire dtype) into a reply allocated at its final size, uninitialised, as the
-service allocates its replies; on the event loop, one request at a time.
-
-- gRPC ``Embed`` and ``EmbedStream``: the ids parsed by grpc.aio, as the service's are; the
-  rows go into an ``EmbedResponse`` laid out like the ceiling's (the same fields and size).
-  A request naming a region registered with ``RegisterSharedMemory`` (mapped here) gets its
-  rows written into the region and a reply without them.
-- REST ``POST /<cell>``: the body read, not parsed; the cell's rows go into a body laid
-  out as the service's own response for that cell (captured, as the ceiling's), checked
-  against it byte for byte on first use: a floor answering other bytes would measure
-  something else, so it answers 500 saying so.
+"""The lookup floors: the lookup no embedding service can skip and nothing else (no
+validation, admission, batching, metrics or frame), over each transport the service has:
+the most a service can reach there (docs/performance.md). The lookup is the service's own
+(``EmbeddingTables.embed_into``) into a reply allocated at its final size, uninitialised,
+as the service allocates it; gRPC replies are laid out as the ceiling's (or the rows go
+into a registered shared-memory region), REST ones as the service's own captured answer,
+checked byte for byte on first use (else 500: a floor answering other bytes would measure
+something else).
 
     python -m bench.servers.floor --port N --checkpoint MODELS/bench/1 \\
         [--http-port M --captured DIR]
@@ -35,7 +25,14 @@ import numpy as np
 import torch
 from aiohttp import web
 
-from bench.servers.host import Captured, HttpHandler, reference_args, reply_handler, serve_forever
+from bench.servers.host import (
+    Captured,
+    HttpHandler,
+    reference_args,
+    reply_fields,
+    reply_handler,
+    serve_forever,
+)
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["Lookup", "main"]
@@ -99,20 +96,16 @@ class GrpcFloor:
         layout = self._layouts.get((T, dtype))
         if layout is None:
             nbytes = T * self.lookup.dim * _WIRE[dtype].itemsize
-            fields = pb.EmbedResponse(token_ids=range(T), model="bench", version=1,
-                                      checkpoint_id="0" * 64, timing=pb.Timing(
-                                          queue_ns=1, tokenize_ns=1, compute_ns=1, total_ns=1))
             whole = pb.EmbedResponse(embeddings=pb.Tensor(
                 shape=[T, self.lookup.dim], dtype=dtype,  # type: ignore[arg-type]
                 data=bytes(nbytes)))
-            whole.MergeFrom(fields)
-            suffix = fields.SerializeToString()  # field 1, the tensor (data last), comes first
+            whole.MergeFrom(reply_fields(T))
+            suffix = reply_fields(T).SerializeToString()  # the tensor (field 1) comes first
             head = whole.SerializeToString()[:-len(suffix) - nbytes]
             layout = self._layouts[(T, dtype)] = (head, suffix)
         return layout
 
     def reply(self, request: pb.EmbedRequest) -> bytes:
-        """The reply to an ``Embed`` (one message of ``EmbedStream``)."""
         ids, dtype = request.token_ids.ids, int(request.dtype)
         if request.output.region:
             return self._into_region(request, ids, dtype)
@@ -151,7 +144,6 @@ class GrpcFloor:
         return pb.UnregisterSharedMemoryResponse()
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
-        """Embed, EmbedStream and the two shared-memory RPCs of embedding.v1."""
         service = "embedding.v1.EmbeddingService"
         shm = grpc.method_handlers_generic_handler(service, {
             "RegisterSharedMemory": grpc.unary_unary_rpc_method_handler(
@@ -190,7 +182,6 @@ def rest_handler(lookup: Lookup, captured: Captured) -> HttpHandler:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Load the tables, then serve until SIGTERM."""
     args = reference_args("python -m bench.servers.floor", argv)
     lookup = Lookup(args.checkpoint)
     rest = rest_handler(lookup, Captured(args.captured)) if args.captured else None

@@ -1,8 +1,6 @@
-"""Hosting for the reference servers: gRPC (and REST beside it) in one process until SIGTERM.
-
-They use the service's libraries and flavour (grpc.aio and aiohttp's low-level server on one
-event loop), its message-size limits and a health service, so the harness starts, waits
-for and stops every server the same way.
+"""Hosting for the reference servers: gRPC (and REST beside it) in one process until SIGTERM,
+with the service's libraries (grpc.aio and aiohttp's low-level server on one event loop),
+its message-size limits and a health service: the harness runs every server the same way.
 """
 
 from __future__ import annotations
@@ -23,10 +21,18 @@ from grpc_health.v1.health import aio as health_aio
 from bench.harness.launch import MAX_MESSAGE_BYTES
 from genproto.embedding.v1 import embedding_pb2 as pb
 
-__all__ = ["Captured", "CapturedCell", "HttpHandler", "reference_args", "reply_handler",
-           "serve_forever"]
+__all__ = ["Captured", "CapturedCell", "HttpHandler", "reference_args", "reply_fields",
+           "reply_handler", "serve_forever"]
 
 HttpHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+def reply_fields(T: int) -> pb.EmbedResponse:
+    """An EmbedResponse's fields besides the tensor, as the service fills them: a reference
+    reply's size matches the service's to a few bytes."""
+    return pb.EmbedResponse(token_ids=range(T), model="bench", version=1,
+                            checkpoint_id="0" * 64,
+                            timing=pb.Timing(queue_ns=1, tokenize_ns=1, compute_ns=1, total_ns=1))
 
 
 def reply_handler(service: str, reply: Callable[[pb.EmbedRequest], bytes]
@@ -75,7 +81,6 @@ class Captured:
             {"headers": cell.headers, "ids": cell.ids, "datatype": cell.datatype}))
 
     def get(self, path: str) -> CapturedCell:
-        """The cell requested at ``/<name>``."""
         cell = self._cells.get(path)
         if cell is None:
             name = self.folder / path.lstrip("/")
@@ -97,30 +102,28 @@ def reference_args(prog: str, argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def _serve(name: str, port: int, handlers: list[grpc.GenericRpcHandler],
-                 http_port: int, http: HttpHandler | None) -> None:
-    server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-    server.add_generic_rpc_handlers(handlers)
-    health = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    if server.add_insecure_port(f"127.0.0.1:{port}") != port:
-        raise SystemExit(f"{name}: could not bind 127.0.0.1:{port}")
-    await server.start()
-    loop = asyncio.get_running_loop()
-    if http is not None and http_port >= 0:
-        await loop.create_server(web.Server(http, access_log=None), "127.0.0.1", http_port)
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)  # both ports listen
-    print(f"{name}: serving on 127.0.0.1:{port} (REST :{http_port})", flush=True)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop(grace=0.5)
-
-
 def serve_forever(name: str, port: int, handlers: list[grpc.GenericRpcHandler],
                   http_port: int = -1, http: HttpHandler | None = None) -> None:
     """Serve ``handlers`` on 127.0.0.1:``port`` (and ``http`` on ``http_port``) until
     SIGTERM or SIGINT."""
-    asyncio.run(_serve(name, port, handlers, http_port, http))
+    async def serve() -> None:
+        server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                                          ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        server.add_generic_rpc_handlers(handlers)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        if server.add_insecure_port(f"127.0.0.1:{port}") != port:
+            raise SystemExit(f"{name}: could not bind 127.0.0.1:{port}")
+        await server.start()
+        loop = asyncio.get_running_loop()
+        if http is not None and http_port >= 0:
+            await loop.create_server(web.Server(http, access_log=None), "127.0.0.1", http_port)
+        await health.set("", health_pb2.HealthCheckResponse.SERVING)  # both ports listen
+        print(f"{name}: serving on 127.0.0.1:{port} (REST :{http_port})", flush=True)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop(grace=0.5)
+
+    asyncio.run(serve())

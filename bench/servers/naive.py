@@ -1,11 +1,7 @@
-"""The naive baseline: a per-request torch lookup returned as ``repeated float`` via
-``tolist()``: the server one writes first (no batching, no raw bytes, the tensor turned into
-a Python list of floats and packed by protobuf). The service is measured against it.
-
-The public contract has no ``repeated float`` field (by design), so the baseline has its
-own tiny reply, declared here from a descriptor (no generated code):
-``message NaiveResponse { repeated float values = 1; repeated int64 shape = 2; }``.
-Requests are the real ``embedding.v1.EmbedRequest``.
+"""The naive baseline: the server one writes first. A torch lookup per request, the tensor
+turned into a Python list by ``tolist()`` and packed by protobuf as ``repeated float``.
+The contract has no such field (by design), so its reply is declared here from a
+descriptor: ``message NaiveResponse { repeated float values = 1; repeated int64 shape = 2; }``.
 
     python -m bench.servers.naive --port N --checkpoint MODELS/bench/1
 """
@@ -60,7 +56,6 @@ class NaiveEmbedder:
         self.position_table = position_table  # (max_seq_len, C)
 
     def reply(self, request: pb.EmbedRequest) -> bytes:
-        """The embedding of ``request`` as a serialized NaiveResponse."""
         torch = self.torch
         with torch.inference_mode():
             ids = torch.tensor(list(request.token_ids.ids), dtype=torch.int64)  # (T,)
@@ -71,7 +66,6 @@ class NaiveEmbedder:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Load the checkpoint's tables, then serve until SIGTERM."""
     from service.format.checkpoint import read_checkpoint
 
     args = reference_args("python -m bench.servers.naive", argv)

@@ -1,23 +1,31 @@
-"""The soak's oracle: the tables of every published version, and an exact check of each answer.
+"""The soak's versions: each one published, and every answer checked exactly against the one
+it names.
 
-An answer names its version and checkpoint_id; its rows are recomputed from that
-version's own tables (kept here in fp32, keyed by checkpoint_id) the way the contract
-says: ``token_table[ids] + position_table[s .. s+T-1]`` added in fp32, then cast, and
-compared byte for byte. An answer whose checkpoint_id was never published, or whose
-version does not match it, fails too: that is how a mixed or half-loaded version shows.
+A version is staged by the real writer, registered with the oracle, then renamed into the
+repository, so no answer can name a version the soak does not know; a bad one has a byte
+of its embeddings flipped after its manifest recorded the sha256. An answer's rows are
+recomputed from its version's tables as the contract says (``token_table[ids] +
+position_table[s .. s+T-1]`` in fp32, then cast) and compared byte for byte; an unknown
+checkpoint_id, or a version that does not match it, fails too (a mixed or half-loaded
+version).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from bench.harness.checkpoint import VOCAB_SIZE, write_random
 from bench.soak.requests import MODEL, Expected, Item
 from genproto.embedding.v1 import embedding_pb2 as pb
+from service.format.manifest import EMBEDDINGS_FILE, MANIFEST_FILE
 
-__all__ = ["Oracle", "PublishedVersion"]
+__all__ = ["Oracle", "PublishedVersion", "Publisher"]
 
 _TORCH_DTYPES: dict[int, torch.dtype] = {
     pb.DTYPE_FLOAT32: torch.float32, pb.DTYPE_FLOAT16: torch.float16,
@@ -39,13 +47,8 @@ class Oracle:
 
     def __init__(self, max_seq_len: int, encode: Callable[[str, bool], list[int]],
                  model: str = MODEL) -> None:
-        self.max_seq_len, self.model = max_seq_len, model
-        self.encode = encode
+        self.max_seq_len, self.model, self.encode = max_seq_len, model, encode
         self.versions: dict[str, PublishedVersion] = {}
-
-    def add(self, v: PublishedVersion) -> None:
-        """Register a version before it becomes visible to the server."""
-        self.versions[v.checkpoint_id] = v
 
     def fit(self, item: Item, truncate: int, special: bool) -> tuple[list[int], int]:
         """The ids the server must embed for ``item``, and how many it must cut."""
@@ -70,20 +73,19 @@ class Oracle:
             out = tok + pos  # fp32 add, as the contract says
         return out.to(_TORCH_DTYPES[dtype]).contiguous()
 
-    def _version(self, model: str, version: int, checkpoint_id: str) -> PublishedVersion | str:
-        v = self.versions.get(checkpoint_id)
+    def _version(self, resp: pb.EmbedResponse | pb.EmbedBatchResponse) -> PublishedVersion | str:
+        v = self.versions.get(resp.checkpoint_id)
         if v is None:
-            return f"checkpoint_id {checkpoint_id[:16]} was never published"
-        if model != self.model or version != v.version:
-            return (f"answer names {model}/{version} but checkpoint_id {checkpoint_id[:12]} "
-                    f"is {self.model}/{v.version}")
+            return f"checkpoint_id {resp.checkpoint_id[:16]} was never published"
+        if resp.model != self.model or resp.version != v.version:
+            return (f"answer names {resp.model}/{resp.version} but checkpoint_id "
+                    f"{resp.checkpoint_id[:12]} is {self.model}/{v.version}")
         return v
 
     def _tensor(self, t: pb.Tensor, v: PublishedVersion, parts: list[tuple[list[int], int]],
                 exp: Expected) -> str | None:
         want = torch.cat([self.rows(v, ids, start, exp.compose, exp.dtype)
-                          for ids, start in parts]) if parts else None
-        assert want is not None
+                          for ids, start in parts])
         if list(t.shape) != list(want.shape) or t.dtype != exp.dtype:
             return f"tensor {list(t.shape)}/{t.dtype}, expected {list(want.shape)}/{exp.dtype}"
         if t.data != want.view(torch.uint8).numpy().tobytes():
@@ -92,7 +94,7 @@ class Oracle:
 
     def check_embed(self, resp: pb.EmbedResponse, exp: Expected) -> str | None:
         """None when ``resp`` is exactly what ``exp`` asks of the version it names."""
-        v = self._version(resp.model, resp.version, resp.checkpoint_id)
+        v = self._version(resp)
         if isinstance(v, str):
             return v
         (item,) = exp.items
@@ -106,7 +108,7 @@ class Oracle:
 
     def check_batch(self, resp: pb.EmbedBatchResponse, exp: Expected) -> str | None:
         """The batch's one tensor, offsets and items, all from the one version it names."""
-        v = self._version(resp.model, resp.version, resp.checkpoint_id)
+        v = self._version(resp)
         if isinstance(v, str):
             return v
         parts = [self.fit(item, exp.truncate, exp.allow_special) for item in exp.items]
@@ -122,3 +124,53 @@ class Oracle:
         return self._tensor(resp.embeddings, v,
                             [(ids, item.start) for (ids, _), item in zip(parts, exp.items)],
                             exp)
+
+
+class Publisher:
+    """Writes good and bad versions of ``oracle.model`` into ``root/models``: GPT-2's
+    tokenizer and vocabulary, or ids only (``tokenizer=False``) over ``vocab_size`` rows."""
+
+    def __init__(self, root: Path, oracle: Oracle, dim: int, max_seq_len: int,
+                 vocab_size: int = VOCAB_SIZE, tokenizer: bool = True) -> None:
+        self.models, self.staging = root / "models", root / "staging" / oracle.model
+        self.oracle, self.dim, self.max_seq_len = oracle, dim, max_seq_len
+        self.vocab_size, self.tokenizer = vocab_size, tokenizer
+        self.next_version = 1
+        self.good: list[int] = []
+        self.bad: list[int] = []
+
+    def _next(self) -> tuple[int, Path]:
+        self.next_version += 1
+        return self.next_version - 1, self.staging / str(self.next_version - 1)
+
+    def _place(self, staged: Path, version: int) -> None:
+        target = self.models / self.oracle.model / str(version)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(staged, target)  # atomic on one filesystem
+
+    def _write(self, version: int, out: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return write_random(out, self.vocab_size, self.dim, self.max_seq_len, 1000 + version,
+                            tokenizer=self.tokenizer,  # distinct tables per version
+                            provenance={"source": "bench.soak", "version": version})
+
+    def publish(self) -> tuple[int, str]:
+        """A good new version; returns (version, checkpoint_id)."""
+        version, staged = self._next()
+        tok, pos = self._write(version, staged)
+        checkpoint_id = hashlib.sha256((staged / MANIFEST_FILE).read_bytes()).hexdigest()
+        assert pos is not None
+        self.oracle.versions[checkpoint_id] = PublishedVersion(version, checkpoint_id, tok, pos)
+        self._place(staged, version)
+        self.good.append(version)
+        return version, checkpoint_id
+
+    def publish_bad(self) -> int:
+        """A version whose embeddings file no longer matches its manifest's sha256."""
+        version, staged = self._next()
+        self._write(version, staged)
+        data = bytearray((staged / EMBEDDINGS_FILE).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (staged / EMBEDDINGS_FILE).write_bytes(bytes(data))
+        self._place(staged, version)
+        self.bad.append(version)
+        return version

@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING, Any
 from bench.harness.load import percentile
 from bench.soak import slow as slowly
 from service.config import parse_config
-from training.plot import pyplot
 
 if TYPE_CHECKING:
     from bench.soak.run import Soak
 
-__all__ = ["build_report", "format_slow", "format_summary", "latency_windows", "plot_soak"]
+__all__ = ["build_report", "format_slow", "format_summary", "latency_windows"]
 
 
 def latency_windows(latencies: Sequence[tuple[float, float, str]], seconds: float,
@@ -63,13 +62,11 @@ def build_report(run: Soak, final: list[int], exit_code: int | None) -> dict[str
         "slow_failed": slow["failed"], "slow_rss_within_bound": slow["within_bound"],
         "shm_scenario_passed": None if run.shm is None else run.shm.passed,
     }
-    passed = (checks["lost"] == checks["corrupted"] == checks["wrong_code"]
-              == checks["failed_valid"] == checks["bad_versions_answered"] == 0
-              and bool(checks["bad_versions_refused"])
-              and bool(checks["final_version_is_last_good"])
-              and bool(checks["killed_worker_restarted"]) and exit_code == 0
-              and slow["lost"] == slow["corrupted"] == slow["failed"] == 0
-              and slow["within_bound"] is not False
+    zero = ("lost", "corrupted", "wrong_code", "failed_valid", "bad_versions_answered",
+            "slow_lost", "slow_corrupted", "slow_failed")
+    true = ("bad_versions_refused", "final_version_is_last_good", "killed_worker_restarted")
+    passed = (all(checks[k] == 0 for k in zero) and all(checks[k] for k in true)
+              and exit_code == 0 and checks["slow_rss_within_bound"] is not False
               and checks["shm_scenario_passed"] is not False)
     codes = {f"{rpc} {code} {'valid' if v else 'invalid'}": n
              for (rpc, code, v), n in sorted(t.codes.items())}
@@ -96,46 +93,6 @@ def build_report(run: Soak, final: list[int], exit_code: int | None) -> dict[str
         "slow_reader": slow, "shm": None if run.shm is None else asdict(run.shm),
         "checks": checks, "passed": passed,
     }
-
-
-def plot_soak(report: Mapping[str, Any], path: Path) -> Path:
-    """Two panels sharing the time axis: p50/p99 latency, and the server's RSS; events as
-    vertical lines (versions published, the bad version, the SIGKILL, the restart)."""
-    plt = pyplot()  # PlotsUnavailable without matplotlib (the bench extra)
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    w = [x for x in report["latency_windows"] if x["answers"]]
-    ax1.plot([x["t"] for x in w], [x["p50_ms"] for x in w], label="p50", color="#1f77b4")
-    ax1.plot([x["t"] for x in w], [x["p99_ms"] for x in w], label="p99", color="#d62728")
-    ax1.set_yscale("log")
-    ax1.set_ylabel("latency, ms (valid answers)")
-    ax1.legend(loc="upper left")
-    rss = report["rss"]
-    ax2.plot([r["t"] for r in rss], [r["total_mb"] for r in rss], color="#2ca02c",
-             label="server RSS (parent + workers)")
-    ax2.set_ylabel("RSS, MB")
-    ax2.set_xlabel("seconds since the clients started")
-    ax2.set_ylim(bottom=0)
-    ax2.legend(loc="lower right")
-    colors = {"publish": "#9467bd", "bad": "#ff7f0e", "kill": "#000000", "restarted": "#7f7f7f"}
-    for st in report.get("slow_reader", {}).get("rss", []):  # slow readers holding back
-        ax2.axvspan(st["start"], st["end"], color="#ffbb78" if st["clean"] else "#dddddd",
-                    alpha=0.4, lw=0)
-    for ev in report["events"]:
-        for ax in (ax1, ax2):
-            ax.axvline(ev["t"], color=colors.get(ev["kind"], "#333333"), ls="--", lw=1)
-        ax1.annotate(ev["label"], (ev["t"], 1), xycoords=("data", "axes fraction"),
-                     rotation=90, va="top", ha="right", fontsize=7)
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-    c = report["config"]
-    fig.suptitle(f"soak: {c['clients']} clients x {c['minutes']} min, --workers "
-                 f"{c['workers']}, {report['totals']['requests']} requests, "
-                 f"lost {report['totals']['lost']}, corrupted {report['totals']['corrupted']}")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def format_summary(report: Mapping[str, Any]) -> str:

@@ -1,9 +1,6 @@
-"""The soak's requests: random valid ones (with what to expect) and invalid ones (with the code).
-
-Every valid request names the default model and version 0 (newest), so its answer may come
-from any published version; the answer names the version, and the oracle
-(bench/soak/oracle.py) checks the rows against that version's tables. Invalid requests
-each break one rule and expect one status code.
+"""The soak's requests: random valid ones (with what to expect) and invalid ones (with the
+code). A valid request names the default model's newest version; its answer names the
+version, whose tables the oracle checks it against. An invalid one breaks one rule.
 """
 
 from __future__ import annotations
@@ -62,8 +59,6 @@ class RequestMaker:
         self.rng, self.vocab, self.L, self.max_t = rng, vocab_size, max_seq_len, max_t
         self.encode = encode  # the model's tokenizer: text items are sized to fit
 
-    # -- valid -----------------------------------------------------------------------------
-
     def _text(self, limit: int, special: bool) -> str:
         text = self.rng.choice(_WORDS)
         while True:
@@ -116,8 +111,6 @@ class RequestMaker:
                                    request_id=request_id)
         _set_enums(req, compose, dtype, truncate)
         return req, Expected(grpc.StatusCode.OK, items, compose, dtype, truncate, special)
-
-    # -- invalid ---------------------------------------------------------------------------
 
     def bad_embed(self, request_id: str) -> tuple[pb.EmbedRequest, Expected]:
         """An EmbedRequest that breaks one rule, and the code it must get."""

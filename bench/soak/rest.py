@@ -1,22 +1,13 @@
 """The soak's REST traffic: OIP infer over HTTP beside the gRPC clients, and a REST slow reader.
 
-``RestClient``: one aiohttp session (keep-alive) sending the soak's own random valid
-requests (``RequestMaker.embed``: ids or text, start position, compose, dtype, truncation)
-as ``POST /v2/models/soak/infer`` with the embeddings as binary data, each answer checked
-bit for bit by the oracle (rows, start position, truncated tokens, the version named by
-``checkpoint_id``), and a share of invalid ones (an id past the vocabulary: 400). Tallied
-in the soak's ``Tally`` under ``REST infer``: lost / corrupted count everyone's. A request
-whose connection broke (the worker kill) or that met a draining worker (503) is sent again
-on a new connection, up to ``_MAX_TRIES`` times: infer is idempotent (the slow reader's
-too, counted as resumes, like a gRPC slow reader's resumed stream).
-
-``RestSlowReader``: stretches on the wide model like the gRPC slow readers: one
-connection with a 4 KiB receive buffer sends one request of ``--rest-slow-batch`` x T ids
-(8 MiB at the defaults: more than loopback buffers take), reads **nothing** for
-``--slow-hold`` seconds, then reads the answer and checks every row. The server holds the
-answer (and its in-flight slot, and its bytes in ``--max-unsent-bytes``) until its last
-byte has left; the stretches go into the slow readers' tally, so their RSS is measured
-with theirs.
+``RestClient`` sends the soak's random requests (and a share of invalid ones: 400) as
+``POST /v2/models/soak/infer`` with binary output on one keep-alive session; every answer is
+checked bit for bit by the oracle and tallied under ``REST infer``. ``RestSlowReader``: one
+connection with a 4 KiB receive buffer sends a ``--rest-slow-batch`` x T request on the
+wide model (8 MiB answers), reads nothing for ``--slow-hold`` seconds, then reads and checks
+it; the server holds the answer (its in-flight slot, its bytes in ``--max-unsent-bytes``)
+until its last byte has left. Infer is idempotent: a request whose connection broke (the
+kill) or that met a draining worker (503) is sent again on a new connection.
 """
 
 from __future__ import annotations
@@ -34,9 +25,10 @@ import aiohttp
 import grpc
 import torch
 
+from bench.harness.load import WIRE_NAMES
 from bench.soak.oracle import Oracle
 from bench.soak.requests import MODEL, Expected, Item, RequestMaker
-from bench.soak.slow import WIDE_MODEL, WIDE_VOCAB, SlowTally
+from bench.soak.slow import WIDE_MODEL, WIDE_VOCAB, SlowTally, first_wait
 from bench.soak.traffic import Tally
 from genproto.embedding.v1 import embedding_pb2 as pb
 
@@ -45,13 +37,11 @@ __all__ = ["RestClient", "RestSlowReader", "rest_body"]
 RPC = "REST infer"
 _DEADLINE_S = 30.0
 _MAX_TRIES = 4
-_DTYPES: dict[int, str] = {pb.DTYPE_FLOAT32: "FP32", pb.DTYPE_FLOAT16: "FP16",
-                          pb.DTYPE_BFLOAT16: "BF16"}
 _COMPOSES: dict[int, str] = {pb.COMPOSE_TOKEN_PLUS_POSITION: "token_plus_position",
                              pb.COMPOSE_TOKEN_ONLY: "token_only",
                              pb.COMPOSE_POSITION_ONLY: "position_only"}
 _TRUNCATES: dict[int, str] = {pb.TRUNCATE_NONE: "none", pb.TRUNCATE_RIGHT: "right",
-                             pb.TRUNCATE_LEFT: "left"}
+                              pb.TRUNCATE_LEFT: "left"}
 _CODES = {200: grpc.StatusCode.OK, 400: grpc.StatusCode.INVALID_ARGUMENT,
           404: grpc.StatusCode.NOT_FOUND, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
           503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -72,7 +62,7 @@ def rest_body(items: tuple[Item, ...], exp: Expected, request_id: str) -> bytes:
                        "truncate": _TRUNCATES[exp.truncate],
                        "allow_special_tokens": exp.allow_special},
         "outputs": [{"name": "embeddings", "parameters": {
-            "binary_data": True, "datatype": _DTYPES[exp.dtype]}}]}).encode()
+            "binary_data": True, "datatype": WIRE_NAMES[exp.dtype]}}]}).encode()
 
 
 def check_answer(oracle: Oracle, body: bytes, header_length: int, exp: Expected
@@ -111,16 +101,14 @@ class RestClient:
         self.index, self.oracle, self.maker, self.tally = index, oracle, maker, tally
         self.invalid_share = invalid_share
         self.session: aiohttp.ClientSession | None = None
-        self.n = 0
-        self.retries = 0
+        self.n = self.retries = 0
 
     async def run(self, until: float) -> None:
-        """Requests back to back until ``until``."""
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(_DEADLINE_S))
         while time.monotonic() < until:
-            await self.one()
+            await self.one(self.session)
 
-    async def one(self) -> None:
+    async def one(self, session: aiohttp.ClientSession) -> None:
         self.n += 1
         rid = f"r{self.index}-{self.n}"
         _, exp = self.maker.embed(rid)
@@ -133,8 +121,7 @@ class RestClient:
         status, data, split = 0, b"", 0
         for _ in range(_MAX_TRIES):
             try:
-                assert self.session is not None
-                async with self.session.post(self.url, data=body) as reply:
+                async with session.post(self.url, data=body) as reply:
                     status, data = reply.status, await reply.read()
                     split = int(reply.headers.get("Inference-Header-Content-Length", 0))
             except (TimeoutError, aiohttp.ClientError) as e:
@@ -167,9 +154,10 @@ class RestSlowReader:
         self.batch, self.tokens, self.hold_s, self.rng = batch, tokens, hold_s, rng
         self.n = 0
 
-    async def run(self, until: float, first_s: float = 3.0) -> None:
-        """Stretches back to back while one can still finish before ``until``."""
-        await asyncio.sleep(max(0.0, min(first_s, until - time.monotonic())))
+    async def run(self, until: float) -> None:
+        """Stretches back to back, after ``first_wait``, while one can still finish before
+        ``until``."""
+        await first_wait(until)
         while time.monotonic() + self.hold_s + 10 < until:
             await asyncio.to_thread(self.stretch)
             await asyncio.sleep(1.0)
@@ -182,11 +170,8 @@ class RestSlowReader:
                            None, 0) for _ in range(self.batch))
         exp = Expected(grpc.StatusCode.OK, items)
         body = rest_body(items, exp, f"rslow{self.index}-{self.n}")
-        rec: dict[str, Any] = {"reader": f"rest{self.index}", "start": time.monotonic() - t.t0,
-                               "requests": 1, "answered": 0, "resumes": 0}
-        t.requests += 1
-        status, data, split, why = 0, b"", 0, ""
-        hold = self.hold_s
+        rec = t.begin(f"rest{self.index}", 1)
+        status, data, split, why, hold = 0, b"", 0, "", self.hold_s
         for _ in range(_MAX_TRIES):
             try:
                 status, data, split = self._exchange(body, hold, rec)
@@ -204,16 +189,14 @@ class RestSlowReader:
                 t.corrupted += 1
                 t.problem(f"REST slow reader: {wrong}")
         else:
-            code = _CODES.get(status, grpc.StatusCode.UNAVAILABLE)
-            t.failures[code.name] += 1
+            t.failures[_CODES.get(status, grpc.StatusCode.UNAVAILABLE).name] += 1
             t.problem(f"REST slow reader got {status}: {why or data[:200]!r}")
-        rec["end"] = time.monotonic() - t.t0
-        t.stretches.append({k: round(v, 2) if isinstance(v, float) else v
-                            for k, v in rec.items()})
+        t.end(rec)
 
     def _exchange(self, body: bytes, hold: float, rec: dict[str, Any]
                   ) -> tuple[int, bytes, int]:
-        """Send ``body`` on a new connection, read nothing for ``hold`` s, then the reply."""
+        """Send ``body`` on a new connection, read nothing for ``hold`` s, then the reply:
+        (status, body, Inference-Header-Content-Length)."""
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.settimeout(_DEADLINE_S + hold)
@@ -221,28 +204,23 @@ class RestSlowReader:
             s.sendall(f"POST /v2/models/{WIDE_MODEL}/infer HTTP/1.1\r\nHost: x\r\n"
                       f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             time.sleep(hold)  # not reading: the server holds the answer
-            if hold:
-                rec["hold_end"] = time.monotonic() - self.tally.t0
-            return _read_reply(s)
-
-
-def _read_reply(s: socket.socket) -> tuple[int, bytes, int]:
-    """(status, body, Inference-Header-Content-Length) of the one response on ``s``."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(1 << 16)
-        if not chunk:
-            raise ConnectionError("closed before the answer's headers")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    length = re.search(rb"(?im)^content-length: (\d+)", head)
-    split = re.search(rb"(?im)^inference-header-content-length: (\d+)", head)
-    chunks, got = [rest], len(rest)
-    total = int(length.group(1)) if length else 0
-    while got < total:
-        chunk = s.recv(1 << 20)
-        if not chunk:
-            raise ConnectionError(f"closed after {got} of {total} body bytes")
-        chunks.append(chunk)
-        got += len(chunk)
-    return int(head.split(b" ", 2)[1]), b"".join(chunks), int(split.group(1)) if split else 0
+            self.tally.held(rec, hold)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    raise ConnectionError("closed before the answer's headers")
+                data += chunk
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length: (\d+)", head)
+            split = re.search(rb"(?im)^inference-header-content-length: (\d+)", head)
+            chunks, got = [rest], len(rest)
+            total = int(length.group(1)) if length else 0
+            while got < total:
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    raise ConnectionError(f"closed after {got} of {total} body bytes")
+                chunks.append(chunk)
+                got += len(chunk)
+        return (int(head.split(b" ", 2)[1]), b"".join(chunks),
+                int(split.group(1)) if split else 0)

@@ -45,26 +45,33 @@ from typing import Any
 
 import grpc
 
-from bench.harness.launch import ROOT, free_port, wait_serving, worker_pids
+from bench.harness.checkpoint import VOCAB_SIZE
+from bench.harness.launch import (
+    ROOT,
+    free_port,
+    launch_service,
+    stop,
+    tree_rss_mb,
+    wait_serving,
+    worker_pids,
+)
+from bench.harness.plot import save_png, soak_figure
 from bench.soak import shm_truncate
 from bench.soak import slow as slowly
-from bench.soak.oracle import Oracle
-from bench.soak.report import build_report, format_summary, plot_soak
-from bench.soak.requests import RequestMaker
+from bench.soak.oracle import Oracle, Publisher
+from bench.soak.report import build_report, format_summary
+from bench.soak.requests import MODEL, RequestMaker
 from bench.soak.rest import RestClient, RestSlowReader
-from bench.soak.server import VOCAB_SIZE, Publisher, launch, tree_rss_mb
 from bench.soak.traffic import AttemptCounter, SoakClient, Tally
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
-from training.plot import PlotsUnavailable
 
 __all__ = ["main", "parse_args", "run_soak"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The soak's flags."""
     p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=4)
@@ -124,29 +131,24 @@ class Soak:
 
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
         self.args, self.root = args, root
-        tokenizer = load_tokenizer(gpt2_spec(), default_ranks_path())
-        self.oracle = Oracle(args.max_seq_len, tokenizer.encode)
-        self.encode = tokenizer.encode
+        self.encode = load_tokenizer(gpt2_spec(), default_ranks_path()).encode
+        self.oracle = Oracle(args.max_seq_len, self.encode)
         self.publisher = Publisher(root, self.oracle, args.dim, args.max_seq_len)
         self.publisher.publish()  # version 1, before the server starts
         # The slow readers' model: ids only, wide rows and long sequences (large answers).
-        self.wide_oracle = Oracle(args.slow_tokens, tokenizer.encode, slowly.WIDE_MODEL)
-        if args.slow_readers:
+        self.wide_oracle = Oracle(args.slow_tokens, self.encode, slowly.WIDE_MODEL)
+        if args.slow_readers or args.rest_slow_readers:
             Publisher(root, self.wide_oracle, args.slow_dim, args.slow_tokens,
-                      slowly.WIDE_MODEL, slowly.WIDE_VOCAB, tokenizer=False).publish()
-        self.slow = slowly.SlowTally()
-        self.port = free_port()
-        rest = args.rest_clients or args.rest_slow_readers
-        self.http_port = free_port() if rest else -1
-        if args.rest_slow_readers and not args.slow_readers:
-            Publisher(root, self.wide_oracle, args.slow_dim, args.slow_tokens,
-                      slowly.WIDE_MODEL, slowly.WIDE_VOCAB, tokenizer=False).publish()
+                      slowly.WIDE_VOCAB, tokenizer=False).publish()
         if args.shm_seconds:
             shm_truncate.write_model(root / "models", args.seed)
+        self.slow, self.tally = slowly.SlowTally(), Tally()
         self.shm: shm_truncate.Outcome | None = None
-        self.server = launch(root, self.port, args.workers, args.poll_seconds, args.server_arg,
-                             self.http_port)
-        self.tally = Tally()
+        rest = args.rest_clients or args.rest_slow_readers
+        self.server = launch_service(
+            "server", root, root, "--default-model", MODEL, "--workers", str(args.workers),
+            "--poll-seconds", str(args.poll_seconds), *args.server_arg,
+            http_port=free_port() if rest else -1)
         self.events: list[dict[str, Any]] = []
         self.rss: list[dict[str, Any]] = []
         self.killed: int | None = None
@@ -206,34 +208,31 @@ class Soak:
 
 
 async def _drive(run: Soak) -> None:
-    args = run.args
+    args, target, port = run.args, run.server.target, run.server.http_port
     duration = args.minutes * 60
-    run.tally.t0 = time.monotonic()
+    run.tally.t0 = run.slow.t0 = time.monotonic()
     until = run.tally.t0 + duration
-    target = run.server.target
-    clients = [SoakClient(i, target, RetryPolicy(), run.oracle,
-                          RequestMaker(random.Random(args.seed * 1000 + i), VOCAB_SIZE,
-                                       args.max_seq_len, run.encode),
+
+    def maker(seed: int) -> RequestMaker:
+        return RequestMaker(random.Random(seed), VOCAB_SIZE, args.max_seq_len, run.encode)
+
+    clients = [SoakClient(i, target, RetryPolicy(), run.oracle, maker(args.seed * 1000 + i),
                           run.tally, args.invalid) for i in range(args.clients)]
-    run.slow.t0 = run.tally.t0
     run.sample()  # t = 0: a baseline before any traffic
     readers = [slowly.SlowReader(i, target, RetryPolicy(), run.wide_oracle, run.slow, args,
                                  random.Random(args.seed * 31 + i))
                for i in range(args.slow_readers)]
-    rest_clients = [RestClient(i, run.http_port, run.oracle, RequestMaker(
-        random.Random(args.seed * 1000 + 500 + i), VOCAB_SIZE, args.max_seq_len, run.encode),
-        run.tally, args.invalid) for i in range(args.rest_clients)]
-    run.rest_clients = rest_clients
-    rest_readers = [RestSlowReader(i, run.http_port, run.wide_oracle, run.slow,
-                                   args.rest_slow_batch, args.slow_tokens, args.slow_hold,
+    run.rest_clients = [RestClient(i, port, run.oracle, maker(args.seed * 1000 + 500 + i),
+                                   run.tally, args.invalid) for i in range(args.rest_clients)]
+    rest_readers = [RestSlowReader(i, port, run.wide_oracle, run.slow, args.rest_slow_batch,
+                                   args.slow_tokens, args.slow_hold,
                                    random.Random(args.seed * 37 + i))
                     for i in range(args.rest_slow_readers)]
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(c.run(until, random.Random(args.seed * 7919 + i)))
         for i, c in enumerate(clients)]
-    tasks += [asyncio.create_task(r.run(until)) for r in readers]
-    tasks += [asyncio.create_task(c.run(until)) for c in rest_clients]
-    tasks += [asyncio.create_task(r.run(until)) for r in rest_readers]
+    others: list[Any] = [*readers, *run.rest_clients]  # closed at the end, as the clients
+    tasks += [asyncio.create_task(r.run(until)) for r in [*others, *rest_readers]]
     if args.shm_seconds:
         shm = asyncio.create_task(shm_truncate.run_truncate_scenario(
             target, args.shm_seconds, args.shm_clients, args.seed, args.seed))
@@ -256,12 +255,8 @@ async def _drive(run: Soak) -> None:
     if args.shm_seconds:
         run.shm = shm.result()
     run.counter.sample()
-    for c in clients:
+    for c in [*clients, *others]:
         await c.close()
-    for r in readers:
-        await r.close()
-    for rc in rest_clients:
-        await rc.close()
 
 
 def _final_versions(target: str, n: int = 4) -> list[int]:
@@ -291,22 +286,14 @@ def run_soak(args: argparse.Namespace) -> dict[str, Any]:
         asyncio.run(_drive(run))
         final = _final_versions(run.server.target)
     finally:
-        if run.server.proc.poll() is None:
-            run.server.proc.send_signal(signal.SIGTERM)
-        try:
-            exit_code: int | None = run.server.proc.wait(timeout=60)
-        except Exception:
-            run.server.proc.kill()
-            exit_code = None
+        exit_code = stop([run.server], timeout_s=60)[0]
     report = build_report(run, final, exit_code)
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(run.server.log, args.out / "soak-server.log")
     shutil.rmtree(root, ignore_errors=True)  # the repository: tens of MB per version
     (args.out / "soak.json").write_text(json.dumps(report, indent=1))
-    try:
-        plot_soak(report, args.out / "soak.png")
-    except PlotsUnavailable as e:  # the JSON and the summary are the result
-        print(f"soak: no soak.png: {e}", file=sys.stderr)
+    save_png(args.out / "soak.png", 100, lambda line: print(line, file=sys.stderr), "soak",
+             soak_figure, report)
     return report
 
 

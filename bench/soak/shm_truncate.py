@@ -1,15 +1,10 @@
 """The soak's shared-memory scenario: objects truncated under load by their owner.
 
-Beside the soak's other traffic (``--shm-seconds``): ``--shm-clients`` good clients each own
-a region and send shared-memory ``Embed`` requests into it back to back, every answer
-checked bit for bit against the tables (fp32: token row + position row); one careless
-client registers its own object, sends the same requests and, at random moments, shrinks
-it to a few bytes, truncates it to 0 or unlinks it while its requests are in flight, then
-makes a new one and registers again. Its requests may fail with FAILED_PRECONDITION or
-land (a shrink racing the server's check is extended back by the write); nothing else may
-happen to anyone. Passed: 0 lost and 0 corrupted good answers, every careless answer OK or
-FAILED_PRECONDITION (or NOT_FOUND while it re-registers). The model ``soak-shm`` must be
-served from ``tables(seed)`` (``write_model``).
+``--shm-clients`` good clients each own a region and send shared-memory ``Embed`` requests
+into it, every answer checked bit for bit against ``tables(seed)``; one careless client
+shrinks, zeroes or unlinks its own object while its requests are in flight, then registers
+a new one. Passed: no good answer lost or corrupted, every careless answer OK,
+FAILED_PRECONDITION or NOT_FOUND (while it re-registers).
 """
 
 from __future__ import annotations
@@ -26,37 +21,32 @@ import grpc
 import grpc.aio
 import torch
 
+from bench.harness.checkpoint import VOCAB_SIZE, random_tables, write_random
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.format.tokenizer import default_ranks_path, gpt2_spec
-from service.format.writer import write_checkpoint
 
 __all__ = ["MAX_SEQ_LEN", "MODEL", "VOCAB", "Outcome", "run_truncate_scenario", "tables",
            "write_model"]
 
-VOCAB, DIM, MAX_SEQ_LEN, MODEL = 50257, 64, 256, "soak-shm"
-SHM = Path("/dev/shm")
+VOCAB, DIM, MAX_SEQ_LEN, MODEL = VOCAB_SIZE, 64, 256, "soak-shm"
 REGION_BYTES = MAX_SEQ_LEN * DIM * 4
 
 
 def tables(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The scenario model's (token_table, position_table)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(VOCAB, DIM, generator=g), torch.randn(MAX_SEQ_LEN, DIM, generator=g)
+    token_table, position_table = random_tables(VOCAB, DIM, MAX_SEQ_LEN, seed)
+    assert position_table is not None
+    return token_table, position_table
 
 
 def write_model(models: Path, seed: int) -> None:
     """``models/soak-shm/1`` with ``tables(seed)`` and GPT-2's tokenizer."""
-    token_table, position_table = tables(seed)
-    write_checkpoint(models / MODEL / "1", token_table=token_table,
-                     position_table=position_table, position="learned",
-                     max_seq_len=MAX_SEQ_LEN, vocab_size=VOCAB, tokenizer_spec=gpt2_spec(),
-                     tokenizer_ranks=default_ranks_path())
+    write_random(models / MODEL / "1", VOCAB, DIM, MAX_SEQ_LEN, seed, tokenizer=True)
 
 
 @dataclass
 class Outcome:
-    """Counts of one run."""
+    """Counts of one scenario run."""
 
     good_ok: int = 0
     lost: int = 0  # a good client's request that failed
@@ -72,16 +62,23 @@ class Outcome:
         return (self.lost == 0 and self.corrupted == 0 and self.good_ok > 0
                 and set(self.careless) <= allowed and self.truncations > 0)
 
+    def error(self, text: str, always: bool = False) -> None:
+        if always or len(self.errors) < 5:
+            self.errors.append(text)
+
 
 class _Object:
-    """A /dev/shm object this process never maps (read with pread)."""
+    """A /dev/shm object this process never maps (read with pread), and its registration."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, name: str) -> None:
         self.key = f"/embed-soak-{secrets.token_hex(6)}"
-        self.path = SHM / self.key[1:]
+        self.path = Path("/dev/shm") / self.key[1:]
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        os.ftruncate(fd, size)
+        os.ftruncate(fd, REGION_BYTES)
         os.close(fd)
+        self.register = pb.RegisterSharedMemoryRequest(region=pb.SharedMemoryRegion(
+            name=name, key=self.key, byte_size=REGION_BYTES))
+        self.unregister = pb.UnregisterSharedMemoryRequest(name=name)
 
     def read(self, n: int) -> bytes:
         with self.path.open("rb") as f:
@@ -98,30 +95,27 @@ def _request(rng: random.Random, region: str) -> tuple[pb.EmbedRequest, list[int
 
 async def _good(stub: pb_grpc.EmbeddingServiceStub, name: str, seed: int, until: float,
                 expect: tuple[torch.Tensor, torch.Tensor], out: Outcome) -> None:
-    obj = _Object(REGION_BYTES)
-    rng = random.Random(seed)
+    obj, rng = _Object(name), random.Random(seed)
     token_table, position_table = expect
     try:
-        await stub.RegisterSharedMemory(pb.RegisterSharedMemoryRequest(region=pb.SharedMemoryRegion(
-            name=name, key=obj.key, byte_size=REGION_BYTES)))
+        await stub.RegisterSharedMemory(obj.register)
         while time.monotonic() < until:
             request, ids, start = _request(rng, name)
             try:
                 await stub.Embed(request, timeout=30)
             except grpc.aio.AioRpcError as e:
                 out.lost += 1
-                if len(out.errors) < 5:
-                    out.errors.append(f"{name}: {e.code().name}: {e.details()}")
+                out.error(f"{name}: {e.code().name}: {e.details()}")
                 continue
             want = (token_table[torch.tensor(ids)] + position_table[start: start + len(ids)])
             if obj.read(len(ids) * DIM * 4) != want.numpy().tobytes():
                 out.corrupted += 1
             else:
                 out.good_ok += 1
-        await stub.UnregisterSharedMemory(pb.UnregisterSharedMemoryRequest(name=name))
+        await stub.UnregisterSharedMemory(obj.unregister)
     except grpc.aio.AioRpcError as e:  # its region is gone: the server lost state
         out.lost += 1
-        out.errors.append(f"{name}: {e.code().name}: {e.details()}")
+        out.error(f"{name}: {e.code().name}: {e.details()}", always=True)
     finally:
         obj.path.unlink(missing_ok=True)
 
@@ -136,17 +130,17 @@ async def _careless(stub: pb_grpc.EmbeddingServiceStub, seed: int, until: float,
             code = "OK"
         except grpc.aio.AioRpcError as e:
             code = e.code().name
-            if code not in ("FAILED_PRECONDITION", "NOT_FOUND") and len(out.errors) < 5:
-                out.errors.append(f"careless: {code}: {e.details()}")
+            if code not in ("FAILED_PRECONDITION", "NOT_FOUND"):
+                out.error(f"careless: {code}: {e.details()}")
         out.careless[code] = out.careless.get(code, 0) + 1
 
     n = 0
     while time.monotonic() < until:
-        obj, name = _Object(REGION_BYTES), f"careless-{n}"
+        name = f"careless-{n}"
+        obj = _Object(name)
         n += 1
         try:
-            await stub.RegisterSharedMemory(pb.RegisterSharedMemoryRequest(
-                region=pb.SharedMemoryRegion(name=name, key=obj.key, byte_size=REGION_BYTES)))
+            await stub.RegisterSharedMemory(obj.register)
             inflight = [asyncio.ensure_future(one(name)) for _ in range(rng.randint(1, 8))]
             await asyncio.sleep(rng.uniform(0, 0.005))  # while they are queued or writing
             how = rng.choice(("shrink", "zero", "unlink"))
@@ -157,12 +151,11 @@ async def _careless(stub: pb_grpc.EmbeddingServiceStub, seed: int, until: float,
             out.truncations += 1
             inflight += [asyncio.ensure_future(one(name)) for _ in range(2)]  # after it
             await asyncio.gather(*inflight)
-            await stub.UnregisterSharedMemory(pb.UnregisterSharedMemoryRequest(name=name))
+            await stub.UnregisterSharedMemory(obj.unregister)
         except grpc.aio.AioRpcError as e:  # a registration the server forgot or refused
             key = f"register/unregister {e.code().name}"
             out.careless[key] = out.careless.get(key, 0) + 1
-            if len(out.errors) < 5:
-                out.errors.append(f"careless: {key}: {e.details()}")
+            out.error(f"careless: {key}: {e.details()}")
         finally:
             obj.path.unlink(missing_ok=True)
 
@@ -171,9 +164,7 @@ async def run_truncate_scenario(target: str, seconds: float, clients: int, seed:
                                 table_seed: int) -> Outcome:
     """Good clients and one careless client against ``target`` for ``seconds``; the model
     ``soak-shm`` must be served from ``tables(table_seed)``."""
-    out = Outcome()
-    until = time.monotonic() + seconds
-    expect = tables(table_seed)
+    out, until, expect = Outcome(), time.monotonic() + seconds, tables(table_seed)
     channels = [grpc.aio.insecure_channel(target) for _ in range(clients + 1)]
     try:
         stubs = [pb_grpc.EmbeddingServiceStub(ch) for ch in channels]

@@ -1,20 +1,12 @@
-"""The soak's slow readers: EmbedStreams of large answers that are not read for long stretches.
+"""The soak's slow readers: EmbedStreams of large answers left unread for long stretches.
 
-Each slow reader owns one channel and runs *stretches* back to back until the soak ends:
-it opens an EmbedStream on the wide model (ids only, C = ``--slow-dim``, learned
-positions up to ``--slow-tokens``), writes ``--slow-requests`` requests of T =
-``--slow-tokens`` fp32 ids (1 MiB answers at the defaults: more than the server's stream
-window of 64 answers can hold within its 16 MiB per-stream budget), reads **nothing** for
-``--slow-hold`` seconds, then reads the answers slowly (``--slow-trickle`` seconds between
-answers), each checked bit for bit by its own oracle. The server paces such a stream
-(service/engine/budgets.py): it stops reading the stream's requests once its unsent answers
-reach the budget, so every answer still arrives, exact, once the client reads.
-
-Its figures are kept apart from the other clients' (``SlowTally``), so the soak's lost /
-corrupted counts stay "everyone else". ``rss_during`` puts the server's RSS samples next
-to the stretches: the growth while a stretch holds, against what the budget allows.
-Bounded: at most ``_MAX_STRETCHES`` stretches, none started unless it can finish before
-the soak's end, every stream under a deadline, at most ``_MAX_RESUMES`` resumes each.
+A stretch: an EmbedStream on the wide model (ids only) of ``--slow-requests`` requests of
+T = ``--slow-tokens`` (1 MiB answers at the defaults: more than the stream's window of 64
+answers can hold within its 16 MiB budget), nothing read for ``--slow-hold`` seconds, then
+the answers read slowly, each checked bit for bit. The server paces such a stream
+(service/engine/budgets.py), so every answer still arrives, exact. Their figures
+(``SlowTally``, the REST slow readers' too) are kept apart from the other clients', and
+``rss_during`` sets the server's RSS beside each stretch against what the budget allows.
 """
 
 from __future__ import annotations
@@ -34,12 +26,12 @@ import grpc.aio
 
 from bench.soak.oracle import Oracle
 from bench.soak.requests import Expected, Item
+from bench.soak.traffic import Problems, retry_channel
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
-from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 
-__all__ = ["WIDE_MODEL", "SlowReader", "SlowTally", "add_slow_args", "rss_during",
-           "slow_summary"]
+__all__ = ["WIDE_MODEL", "WIDE_VOCAB", "SlowReader", "SlowTally", "add_slow_args",
+           "rss_during", "slow_summary"]
 
 WIDE_MODEL = "soak-wide"
 WIDE_VOCAB = 4096  # ids only: a small table, the answers are large through T and C
@@ -47,11 +39,9 @@ OK = grpc.StatusCode.OK
 _MAX_STRETCHES = 1000
 _MAX_RESUMES = 3
 _READ_SLACK_S = 60.0  # deadline beyond hold + trickle: a loaded machine, a restarted worker
-_PAUSE_S = 1.0  # between stretches
 
 
 def add_slow_args(p: argparse.ArgumentParser) -> None:
-    """The slow readers' flags."""
     p.add_argument("--slow-readers", type=int, default=1,
                    help="clients that hold EmbedStreams of large answers unread; 0 = none")
     p.add_argument("--slow-tokens", type=int, default=1024, help="T of their requests")
@@ -64,10 +54,9 @@ def add_slow_args(p: argparse.ArgumentParser) -> None:
 
 
 @dataclass
-class SlowTally:
-    """What the slow readers saw (one event loop, no locks)."""
+class SlowTally(Problems):
+    """What the slow readers saw, and each stretch's record."""
 
-    t0: float = field(default_factory=time.monotonic)
     requests: int = 0
     answered: int = 0
     corrupted: int = 0
@@ -75,11 +64,28 @@ class SlowTally:
     resumes: int = 0
     failures: Counter[str] = field(default_factory=Counter)  # code of a failed request
     stretches: list[dict[str, Any]] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    prefix = "slow: "
 
-    def problem(self, text: str) -> None:
-        if len(self.problems) < 20:
-            self.problems.append(f"t={time.monotonic() - self.t0:.1f}s slow: {text}")
+    def begin(self, reader: int | str, requests: int) -> dict[str, Any]:
+        """A stretch of ``requests`` starts: its record."""
+        self.requests += requests
+        return {"reader": reader, "start": time.monotonic() - self.t0, "requests": requests,
+                "answered": 0, "resumes": 0}
+
+    def held(self, rec: dict[str, Any], hold: float) -> None:
+        if hold:
+            rec["hold_end"] = time.monotonic() - self.t0
+
+    def end(self, rec: dict[str, Any]) -> None:
+        rec["end"] = time.monotonic() - self.t0
+        self.stretches.append({k: round(v, 2) if isinstance(v, float) else v
+                               for k, v in rec.items()})
+
+
+async def first_wait(until: float, first_s: float = 3.0) -> None:
+    """The wait before a slow reader's first stretch: the other clients warm the server up,
+    so the RSS before it is a fair baseline."""
+    await asyncio.sleep(max(0.0, min(first_s, until - time.monotonic())))
 
 
 class SlowReader:
@@ -87,9 +93,7 @@ class SlowReader:
 
     def __init__(self, index: int, target: str, retry: RetryPolicy, oracle: Oracle,
                  tally: SlowTally, args: argparse.Namespace, rng: random.Random) -> None:
-        options = [*retry.channel_options(), ("grpc.use_local_subchannel_pool", 1)]
-        self.channel = grpc.aio.insecure_channel(target, options=options)
-        self.stub = pb_grpc.EmbeddingServiceStub(self.channel)
+        self.channel, self.stub = retry_channel(target, retry)
         self.index, self.oracle, self.tally, self.rng = index, oracle, tally, rng
         self.tokens, self.n_requests = args.slow_tokens, args.slow_requests
         self.hold_s, self.trickle_s = args.slow_hold, args.slow_trickle
@@ -99,32 +103,24 @@ class SlowReader:
         self.n += 1
         ids = tuple(self.rng.randrange(WIDE_VOCAB) for _ in range(self.tokens))
         req = pb.EmbedRequest(model=WIDE_MODEL, token_ids=pb.TokenIds(ids=ids),
-                              request_id=f"slow{self.index}-{self.n}")
-        req.dtype = pb.DTYPE_FLOAT32
+                              request_id=f"slow{self.index}-{self.n}", dtype=pb.DTYPE_FLOAT32)
         return req, Expected(OK, (Item(ids, None, 0),), dtype=pb.DTYPE_FLOAT32)
 
-    def _budget_s(self) -> float:
-        """How long one stretch may take: hold, trickle, and the deadline's slack."""
-        return self.hold_s + self.trickle_s * self.n_requests + _READ_SLACK_S
-
-    async def run(self, until: float, first_s: float = 3.0) -> None:
-        """After ``first_s`` (the other clients warm the server up: the RSS before the first
-        stretch is then a fair baseline), stretches back to back while one can still finish
-        before ``until``."""
-        await asyncio.sleep(max(0.0, min(first_s, until - time.monotonic())))
+    async def run(self, until: float) -> None:
+        """Stretches back to back, after ``first_wait``, while one can still finish before
+        ``until``."""
+        await first_wait(until)
         for _ in range(_MAX_STRETCHES):
             if time.monotonic() + self.hold_s + self.trickle_s * self.n_requests + 5 > until:
                 return
             await self.stretch()
-            await asyncio.sleep(_PAUSE_S)
+            await asyncio.sleep(1.0)
 
     async def stretch(self) -> None:
         """One stream of ``n_requests`` held unread for ``hold_s``, then read slowly."""
         t = self.tally
         pairs = [self._pair() for _ in range(self.n_requests)]
-        t.requests += len(pairs)
-        rec: dict[str, Any] = {"reader": self.index, "start": time.monotonic() - t.t0,
-                               "requests": len(pairs), "answered": 0, "resumes": 0}
+        rec = t.begin(self.index, len(pairs))
         hold = self.hold_s
         for _ in range(_MAX_RESUMES + 1):
             done, code, details = await self._one_stream(pairs, hold, rec)
@@ -142,14 +138,13 @@ class SlowReader:
                 t.lost += len(pairs)  # sent and never answered
             t.problem(f"stream ended {code.name} with {len(pairs)} unanswered: {details}")
             break
-        rec["end"] = time.monotonic() - t.t0
-        t.stretches.append({k: round(v, 2) if isinstance(v, float) else v
-                            for k, v in rec.items()})
+        t.end(rec)
 
     async def _one_stream(self, pairs: Sequence[tuple[pb.EmbedRequest, Expected]],
                           hold: float, rec: dict[str, Any]) -> tuple[int, grpc.StatusCode, str]:
         """Write ``pairs``, read nothing for ``hold`` s, then read every answer slowly."""
-        call = self.stub.EmbedStream(timeout=hold + self._budget_s())
+        call = self.stub.EmbedStream(
+            timeout=hold + self.hold_s + self.trickle_s * self.n_requests + _READ_SLACK_S)
 
         async def write() -> None:
             # Blocks once the server stops reading (HTTP/2 flow control): that is the point.
@@ -160,24 +155,23 @@ class SlowReader:
                 await call.done_writing()
 
         writer = asyncio.ensure_future(write())
-        done = 0
+        done, t = 0, self.tally
         try:
             await asyncio.sleep(hold)  # not reading: the server's budget holds the answers
-            if hold:
-                rec["hold_end"] = time.monotonic() - self.tally.t0
+            t.held(rec, hold)
             for _ in range(len(pairs) + 1):  # one more read sees the end of the stream
                 resp = await call.read()
                 if resp is grpc.aio.EOF:
                     break
                 if done == len(pairs):
-                    self.tally.corrupted += 1
-                    self.tally.problem("an answer beyond the requests sent")
+                    t.corrupted += 1
+                    t.problem("an answer beyond the requests sent")
                     break
                 wrong = self.oracle.check_embed(resp, pairs[done][1])
-                self.tally.answered += 1
+                t.answered += 1
                 if wrong is not None:
-                    self.tally.corrupted += 1
-                    self.tally.problem(f"{resp.request_id}: {wrong}")
+                    t.corrupted += 1
+                    t.problem(f"{resp.request_id}: {wrong}")
                 done += 1
                 await asyncio.sleep(self.trickle_s)
             return done, await call.code(), str(await call.details())
@@ -190,7 +184,6 @@ class SlowReader:
                 await writer
 
     async def close(self) -> None:
-        """Close the channel."""
         await self.channel.close()
 
 

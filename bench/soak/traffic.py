@@ -1,20 +1,15 @@
 """The soak's clients: random Embed / EmbedBatch / EmbedStream calls, every outcome tallied.
 
-Each client owns one grpc.aio channel with client.retry's policy (gRPC retries
-UNAVAILABLE below us). Outcomes, per request message:
-
-* valid and answered: checked by the oracle; a mismatch is *corrupted*;
-* valid and refused: a *failure* under its code;
-* invalid: must get exactly its expected code (else *wrong_code*);
-* *lost*: a valid request sent and never answered: its deadline expired, or its stream
-  ended OK with fewer answers than requests.
-
-A stream broken after its first answer (gRPC no longer retries it then) is resumed from
-its first unanswered request on a new stream (``stream_resumes``), up to 3 times.
+Per request message: valid and answered: checked by the oracle, else *corrupted*; valid
+and refused: a *failure*; invalid: must get its expected code, else *wrong_code*; *lost*:
+valid and never answered (its deadline expired, or its stream ended OK short). A stream
+broken after an answer (gRPC does not retry it then) is resumed from its first unanswered
+request (``stream_resumes``).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections import Counter
@@ -31,18 +26,39 @@ from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 
-__all__ = ["AttemptCounter", "SoakClient", "Tally"]
+__all__ = ["AttemptCounter", "Problems", "SoakClient", "Tally", "retry_channel"]
 
 OK = grpc.StatusCode.OK
 _DEADLINE_S = 30.0
 _MAX_RESUMES = 3
 
 
+def retry_channel(target: str, retry: RetryPolicy) -> tuple[grpc.aio.Channel,
+                                                            pb_grpc.EmbeddingServiceStub]:
+    """A channel with ``retry``'s policy and its stub. A local subchannel pool: its attempts
+    are counted on its own subchannels (channelz), not on ones shared with other channels."""
+    options = [*retry.channel_options(), ("grpc.use_local_subchannel_pool", 1)]
+    channel = grpc.aio.insecure_channel(target, options=options)
+    return channel, pb_grpc.EmbeddingServiceStub(channel)
+
+
 @dataclass
-class Tally:
-    """Everything the clients saw; shared by all clients (one event loop, no locks)."""
+class Problems:
+    """The first few problems, verbatim, timed from ``t0`` (one event loop, no locks)."""
 
     t0: float = field(default_factory=time.monotonic)
+    problems: list[str] = field(default_factory=list)
+    prefix = ""
+
+    def problem(self, text: str) -> None:
+        if len(self.problems) < 20:
+            self.problems.append(f"t={time.monotonic() - self.t0:.1f}s {self.prefix}{text}")
+
+
+@dataclass
+class Tally(Problems):
+    """Everything the clients saw; shared by all clients."""
+
     requests: Counter[str] = field(default_factory=Counter)  # rpc -> request messages
     codes: Counter[tuple[str, str, bool]] = field(default_factory=Counter)  # rpc, code, valid
     answered: int = 0
@@ -53,11 +69,6 @@ class Tally:
     stream_resumes: int = 0
     versions: Counter[int] = field(default_factory=Counter)  # version named by answers
     latencies: list[tuple[float, float, str]] = field(default_factory=list)  # t, s, rpc
-    problems: list[str] = field(default_factory=list)  # the first few, verbatim
-
-    def problem(self, text: str) -> None:
-        if len(self.problems) < 20:
-            self.problems.append(f"t={time.monotonic() - self.t0:.1f}s {text}")
 
     def outcome(self, rpc: str, exp: Expected, code: grpc.StatusCode, details: str = "") -> None:
         """Tally a request that got ``code`` (answers are tallied by ``answer``)."""
@@ -88,20 +99,12 @@ class Tally:
             self.problem(f"{rpc} {resp.request_id}: {wrong}")
 
 
-def _code(e: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
-    return e.code(), str(e.details())
-
-
 class SoakClient:
     """One client: its own channel, random calls back to back (``run``), then ``close``."""
 
     def __init__(self, index: int, target: str, retry: RetryPolicy, oracle: Oracle,
                  maker: RequestMaker, tally: Tally, invalid_share: float) -> None:
-        # A local subchannel pool: this channel's attempts are counted on its own
-        # subchannels (channelz), not on ones shared with other channels.
-        options = [*retry.channel_options(), ("grpc.use_local_subchannel_pool", 1)]
-        self.channel = grpc.aio.insecure_channel(target, options=options)
-        self.stub = pb_grpc.EmbeddingServiceStub(self.channel)
+        self.channel, self.stub = retry_channel(target, retry)
         self.index, self.oracle, self.maker, self.tally = index, oracle, maker, tally
         self.invalid_share = invalid_share
         self.n = 0
@@ -117,25 +120,21 @@ class SoakClient:
         try:
             resp = await call(req, timeout=_DEADLINE_S)
         except grpc.RpcError as e:
-            self.tally.outcome(rpc, exp, *_code(e))
+            self.tally.outcome(rpc, exp, e.code(), str(e.details()))
             return
-        wrong = check(resp, exp) if exp.code == OK else None
-        self.tally.answer(rpc, exp, resp, wrong, sent)
+        self.tally.answer(rpc, exp, resp, check(resp, exp) if exp.code == OK else None, sent)
 
     async def embed(self) -> None:
-        """One Embed (with invalid_share, an invalid one)."""
         await self._unary("Embed", self.maker.embed, self.maker.bad_embed, self.stub.Embed,
                           self.oracle.check_embed)
 
     async def batch(self) -> None:
-        """One EmbedBatch (with invalid_share, an invalid one)."""
         await self._unary("EmbedBatch", self.maker.batch, self.maker.bad_batch,
                           self.stub.EmbedBatch, self.oracle.check_batch)
 
     async def stream(self) -> None:
         """1..8 requests on one stream; with invalid_share, the last one is invalid."""
-        k = self.maker.rng.randint(1, 8)
-        pairs = [self.maker.embed(self._rid()) for _ in range(k)]
+        pairs = [self.maker.embed(self._rid()) for _ in range(self.maker.rng.randint(1, 8))]
         if self.maker.rng.random() < self.invalid_share:
             pairs[-1] = self.maker.bad_embed(self._rid())
         resumes = 0
@@ -171,7 +170,7 @@ class SoakClient:
                 self.tally.answer("EmbedStream", exp, resp, wrong, sent)
                 done += 1
         except grpc.RpcError as e:
-            return (done, *_code(e))
+            return done, e.code(), str(e.details())
         return done, OK, ""
 
     async def run(self, until: float, rng: random.Random) -> None:
@@ -180,7 +179,7 @@ class SoakClient:
             await rng.choices((self.embed, self.batch, self.stream), weights=(2, 1, 1))[0]()
 
     async def close(self) -> None:
-        """Close the channel (read ``attempts`` before: its counts go with it)."""
+        """Close the channel (sample an ``AttemptCounter`` before: its counts go with it)."""
         await self.channel.close()
 
 
@@ -202,9 +201,6 @@ class AttemptCounter:
         self._subchannels: dict[int, int] = {}  # id -> largest callsStarted seen
 
     def sample(self) -> None:
-        """Read channelz now."""
-        import json
-
         from grpc._cython import cygrpc
 
         calls = 0
@@ -221,10 +217,8 @@ class AttemptCounter:
 
     @property
     def attempts(self) -> int:
-        """Attempts counted on subchannels so far."""
         return sum(self._subchannels.values())
 
     @property
     def retries(self) -> int:
-        """Attempts beyond each call's first."""
         return self.attempts - self.calls

@@ -1,8 +1,5 @@
-"""The suites ``make bench`` runs, each a ``run(cfg, log) -> SuiteResult``: serving (every
-way out of the service against its ceiling, lookup floor and naive baseline), scaling
-(packed batches, ``--workers``), overload (fast refusals past the queue budget) and memory
-(start-up and resident memory of real table sizes), and profile (where a T=16 request's
-server CPU goes, by stage, from a sampling profiler)."""
+"""The suites ``make bench`` runs, each a ``run(cfg, log) -> SuiteResult`` ending in target
+lines; docs/performance.md says what each measures."""
 
 from __future__ import annotations
 

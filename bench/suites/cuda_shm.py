@@ -39,8 +39,8 @@ import grpc.aio
 import torch
 
 from bench.harness.checkpoint import MODEL_NAME, VOCAB_SIZE, Shape, ensure_model
-from bench.harness.launch import free_port, launch, service_argv, stop, wait_serving
-from bench.harness.timing import median_seconds
+from bench.harness.launch import launch_service, stop, wait_serving
+from bench.suites.gpu_gather import median_seconds
 from client.cuda_shm import CudaSharedMemoryRegion
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
@@ -176,11 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-cuda-shm-") as tmp:
         repo = ensure_model(args.model_cache or Path(tmp) / "model",
                             Shape(VOCAB_SIZE, DIM, max(1024, args.tokens)))
-        port = free_port()
-        argv_ = service_argv(repo, port, "--max-message-bytes", str(1 << 30),
-                             "--max-tokens-per-request", str(args.batch * args.tokens),
-                             device="cuda")
-        server = launch("service", argv_, port, Path(tmp) / "logs")
+        server = launch_service("service", repo, Path(tmp) / "logs", "--max-message-bytes",
+                                str(1 << 30), "--max-tokens-per-request",
+                                str(args.batch * args.tokens), device="cuda")
         try:
             wait_serving(server, 180)
             result = run(args, server.target)

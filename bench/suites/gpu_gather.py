@@ -24,21 +24,44 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from bench.harness.timing import median_seconds
 from service.engine.tables import COMPOSE_TOKEN_PLUS_POSITION, EmbeddingTables
 
-__all__ = ["TABLES", "main", "measure"]
+__all__ = ["TABLES", "main", "measure", "median_seconds"]
 
 # name -> (rows, C, table dtype, position rows)
 TABLES: dict[str, tuple[int, int, torch.dtype, int]] = {
     "gpt2": (50257, 768, torch.float32, 1024),
     "llama3": (128256, 4096, torch.bfloat16, 1024),
 }
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+    """Median seconds of one ``fn()`` over ``reps`` runs, after two warm-ups; on a CUDA
+    ``device`` by CUDA events on the current stream (what the device spent, not what the
+    host waited)."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def measure(name: str, device: torch.device, batch: int, T: int, reps: int,

@@ -1,12 +1,7 @@
-"""The memory suite: start-up and resident memory of the real server, for a GPT-2-size table
-(50257 x 768 fp32, 154 MB) and a Llama-3-size one (128256 x 4096 bf16, 1 GB).
-
-For each table, ``python -m service`` (one worker) started afresh (best of three): its
-start-up, from the gRPC port accepting connections to health SERVING (load, sha256 of every
-file, tables mapped; the interpreter's imports excluded), against 2 s; then, after T=1024
-requests, its RSS against the table + 300 MB, and its PSS. Then ``--workers 2`` on one port:
-each worker's PSS after traffic and their sum (the parent shares one copy of the table with
-its workers).
+"""The memory suite: start-up and resident memory of the real server for a GPT-2-size and a
+Llama-3-size table: start-up from the port accepting connections to SERVING (best of
+three; the interpreter's imports excluded), RSS and PSS after T=1024 requests, then each
+worker's PSS with ``--workers 2`` (the parent shares one copy of the table with them).
 """
 
 from __future__ import annotations
@@ -23,11 +18,8 @@ from bench.harness.checkpoint import GPT2, LLAMA3, MODEL_NAME, Shape, ensure_mod
 from bench.harness.config import BenchConfig
 from bench.harness.launch import (
     MAX_MESSAGE_BYTES,
-    ServerProcess,
-    free_port,
-    launch,
+    launch_service,
     memory_mb,
-    service_argv,
     stop,
     wait_listening,
     wait_serving,
@@ -40,11 +32,6 @@ from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 __all__ = ["run"]
 
 STARTUP_S, RSS_SLACK_MB = 2.0, 300.0
-
-
-def _serve(repo: Path, name: str, log_dir: Path, *extra: str) -> ServerProcess:
-    port = free_port()
-    return launch(name, service_argv(repo, port, *extra), port, log_dir)
 
 
 def _traffic(target: str, shape: Shape, n: int) -> None:
@@ -62,7 +49,7 @@ def _traffic(target: str, shape: Shape, n: int) -> None:
 
 def _one_worker(repo: Path, shape: Shape, log_dir: Path, n: int) -> dict[str, float]:
     """Start-up seconds, then RSS and PSS (MiB) after ``n`` requests, of one server."""
-    server = _serve(repo, "memory-w1", log_dir)
+    server = launch_service("memory-w1", repo, log_dir)
     try:
         listening = wait_listening(server)
         startup = wait_serving(server) - listening
@@ -74,7 +61,7 @@ def _one_worker(repo: Path, shape: Shape, log_dir: Path, n: int) -> dict[str, fl
 
 
 def _two_workers(repo: Path, shape: Shape, log_dir: Path, n: int) -> dict[str, Any]:
-    server = _serve(repo, "memory-w2", log_dir, "--workers", "2")
+    server = launch_service("memory-w2", repo, log_dir, "--workers", "2")
     try:
         wait_serving(server)
         deadline = time.monotonic() + 120  # SERVING is one worker: wait for the other too
@@ -90,7 +77,6 @@ def _two_workers(repo: Path, shape: Shape, log_dir: Path, n: int) -> dict[str, A
 
 
 def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
-    """Every table: start-up, then memory with one and with two workers."""
     tables = {"gpt2": GPT2, "llama3": LLAMA3}
     tries, n = 3, 100
     if cfg.quick:

@@ -1,15 +1,10 @@
 """The overload suite: past its queue budget, the service must refuse fast.
 
-One service (one worker) with a small ``--max-queue-tokens``; one grpc.aio client on
-loopback. Phases on that server, back to back: a baseline (one request of T tokens in
-flight), then one overload phase per concurrency, each more requests in flight than the
-budget admits; then, at each concurrency, health checks (an RPC with no work behind it:
-what this client and machine cost alone, the floor). Per overload phase: p50/p99 of the
-accepted requests beside the baseline's, the share refused, and p50/p99 of the refusals
-(RESOURCE_EXHAUSTED, measured at the client from call to status) against the target:
-p99 <= 5 ms. Latencies of a phase's warm-up are not counted.
-
-What unread answers cost (slow readers) is the soak's to check: ``make soak``.
+One service with a small ``--max-queue-tokens``: a baseline (one request in flight), then
+phases with more requests in flight than the budget admits, then health checks at each
+concurrency (an RPC with no work behind it: the floor of this client and machine). Per
+phase: accepted p50/p99 beside the baseline's, the share refused, and the refusals' p50/p99
+(RESOURCE_EXHAUSTED, from call to status) against the target; warm-ups not counted.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.harness.checkpoint import VOCAB_SIZE, Shape, ensure_model
 from bench.harness.config import BenchConfig
-from bench.harness.launch import free_port, service_argv, start, stop
+from bench.harness.launch import launch_service, start, stop
 from bench.harness.load import percentile
 from bench.harness.report import SuiteResult, Target
 from genproto.embedding.v1 import embedding_pb2 as pb
@@ -100,7 +95,6 @@ def _table(baseline: dict[str, Any], phases: list[dict[str, Any]]) -> str:
 
 
 def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
-    """Start the server, run the phases, stop it."""
     dim, seconds, warmup, levels = 256, 4.0, 0.5, [4, 16, 64]
     extra = ["--max-queue-tokens", str(QUEUE_TOKENS), "--max-batch-tokens", str(QUEUE_TOKENS)]
     if cfg.quick:  # at C=16 a lookup takes microseconds: a batch delay keeps each request
@@ -111,9 +105,8 @@ def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
     rng = random.Random(0)
     requests = [pb.EmbedRequest(token_ids=pb.TokenIds(
         ids=[rng.randrange(VOCAB_SIZE) for _ in range(T)])) for _ in range(8)]
-    port = free_port()
-    server = start({"service-overload": (service_argv(repo, port, *extra), port, -1)},
-                   cfg.out / "logs")["service-overload"]
+    server = start([launch_service("service-overload", repo, cfg.out / "logs", *extra)]
+                   )["service-overload"]
     try:
         baseline = asyncio.run(_phase(server.target, requests, 1, warmup, seconds))
         phases = [asyncio.run(_phase(server.target, requests, c, warmup, seconds))

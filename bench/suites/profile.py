@@ -1,28 +1,14 @@
 """Where a small request's server CPU goes: a sampling profile of the running service.
 
-``python -m bench --suites profile`` (``make profile``): the service alone, one process as
-``make bench`` starts it, driven at T=16 fp32 over each wire (gRPC ``unary``, OIP ``oip``,
-REST binary ``rest`` and JSON ``json``) at c=1 and c=16, while ``py-spy`` samples every
-thread of it from outside (``--nonblocking``: the server is never paused). A sample whose
-innermost frame is the event loop waiting (``select``) is idle and not counted; one whose
-innermost frame is in a transport library (grpcio, aiohttp, asyncio, the socket) is the
-transport's; any other is charged to the innermost frame of the service's own code on its
-stack, by module:
-
-    frame      service/rpc/frame.py: the per-RPC frame (status map, deadline, in-flight)
-    auth       service/rpc/identity.py
-    metrics    service/metrics.py (and prometheus_client)
-    tracing    service/tracing.py (and OpenTelemetry)
-    front      the rest of service/rpc: reading the wire (native, oip, oip_tensors, http/)
-    admission  engine/admission.py, validation.py, the repository; the tokenizer
-    hand-off   engine/engine.py, batcher.py, budgets.py: the request to the lookup and back
-    lookup     engine/tables.py, kernel.py, rules.py: gather, rule, cast
-    response   engine/replies.py, message.py, rpc/http/send.py: the answer laid out, sent
-    transport  the transport libraries (grpcio, aiohttp, asyncio: parsing, framing, socket
-               writes, the loop's own work), and anything with no frame of the service
-
-A share times the server's CPU per reply (from /proc, over the same window) is that
-stage's microseconds per reply.
+``python -m bench --suites profile`` (``make profile``): the service alone, as ``make bench``
+starts it, driven at T=16 fp32 over each wire (gRPC ``unary``, OIP ``oip``, REST binary
+``rest`` and JSON ``json``) at each concurrency, while ``py-spy`` samples every thread of it
+from outside (``--nonblocking``: never paused). A sample whose innermost frame is the event
+loop waiting (``select``) is idle and not counted; one whose innermost frame is in a
+transport library (grpcio, aiohttp, asyncio, the socket) is the transport's, as is one with
+no frame of the service; any other is charged to the innermost frame of the service's own
+code on its stack, by module (``STAGES``). A stage's share times the server's CPU per reply
+(from /proc, over the same window) is that stage's microseconds per reply.
 """
 
 from __future__ import annotations
@@ -46,6 +32,9 @@ __all__ = ["STAGES", "WIRES", "run", "stage_of", "tally"]
 
 WIRES = ("unary", "oip", "rest", "json")
 # (stage, path fragments), the more specific first: a frame's file is matched in order.
+# frame: the per-RPC frame (status map, deadline, in-flight); front: the rest of service/rpc,
+# reading the wire; hand-off: the request to the lookup and back; lookup: gather, rule,
+# cast; response: the answer laid out and sent.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("auth", ("service/rpc/identity.py",)),
     ("metrics", ("service/metrics.py", "prometheus_client/")),
@@ -96,18 +85,14 @@ def tally(raw: str) -> dict[str, int]:
     return {name: counts.get(name, 0) for name in ORDER}
 
 
-def _py_spy() -> str:
-    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not Path(found).exists():
-        raise RuntimeError("profile: py-spy is not installed (make setup installs it)")
-    return found
-
-
 def _profile(cfg: BenchConfig, cell: Cell, server: Any, ids: dict[int, list[list[int]]],
              out: Path) -> dict[str, Any]:
     """One cell measured while py-spy samples the server; its stages."""
     seconds = int(cfg.warmup_s + cfg.duration_s + 1)
-    spy = subprocess.Popen([_py_spy(), "record", "--pid", str(server.proc.pid), "--rate",
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(py_spy).exists():
+        raise RuntimeError("profile: py-spy is not installed (make setup installs it)")
+    spy = subprocess.Popen([py_spy, "record", "--pid", str(server.proc.pid), "--rate",
                             str(_RATE), "--duration", str(seconds), "--nonblocking",
                             "--format", "raw", "--output", str(out)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -137,7 +122,6 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
-    """The service at T=16 fp32 over each wire at each concurrency, sampled."""
     T = min(cfg.ts)
     cfg = replace(cfg, backends=("service",), modes=WIRES, ts=(T,), dtypes=("float32",))
     repo = ensure_model(cfg.model_cache, Shape(VOCAB_SIZE, cfg.dim, cfg.max_seq_len))

@@ -1,13 +1,8 @@
-"""The scaling suite: two ways past one process's per-message cost.
-
-1. Packed: 64 sequences of T=16 per round, sent three ways to one service: one
-   ``EmbedBatch`` (one message, one [1024, C] tensor), 64 concurrent unary ``Embed`` calls,
-   and 64 messages on one ``EmbedStream``. Target: EmbedBatch tokens/s >= 5 x unary.
-2. Workers: the service with ``--workers 1`` and ``--workers 2`` (one port,
-   SO_REUSEPORT), unary fp32 c=16 at the largest and smallest T. The load generator shares
-   the machine's cores, so this shows what a second process buys on a box that is already
-   full; on a pod with its own cores, size workers to cores.
-Rounds are interleaved; figures are medians, ratios per-round medians.
+"""The scaling suite: two ways past one process's per-message cost. Packed: 64 sequences of
+T=16 per round as one ``EmbedBatch``, 64 concurrent unary ``Embed`` calls and 64 messages on
+one ``EmbedStream``. Workers: ``--workers 1`` against ``--workers 2`` (one port,
+SO_REUSEPORT), unary fp32 c=16 at the largest and smallest T; the load generator shares the
+cores, so this is what a second process buys on a full box. Rounds interleaved.
 """
 
 from __future__ import annotations
@@ -24,8 +19,8 @@ import grpc
 
 from bench.harness.checkpoint import MODEL_NAME, VOCAB_SIZE, Shape, ensure_model
 from bench.harness.config import BenchConfig
-from bench.harness.launch import free_port, service_argv, start, stop
-from bench.harness.load import grpc_load, measure
+from bench.harness.launch import launch_service, start, stop
+from bench.harness.load import grpc_load, measure, rpc
 from bench.harness.report import SuiteResult, Target, paired
 from genproto.embedding.v1 import embedding_pb2 as pb
 
@@ -35,12 +30,14 @@ B, T = 64, 16
 Round = Callable[[grpc.aio.Channel, list[list[int]], str], Awaitable[int]]
 
 
+def _embed(model: str, seq: list[int]) -> pb.EmbedRequest:
+    return pb.EmbedRequest(model=model, token_ids=pb.TokenIds(ids=seq))
+
+
 async def packed_round(channel: grpc.aio.Channel, seqs: list[list[int]],
                        model: str = MODEL_NAME) -> int:
     """One EmbedBatch of every sequence; returns the rows received."""
-    call = channel.unary_unary("/embedding.v1.EmbeddingService/EmbedBatch",
-                               request_serializer=pb.EmbedBatchRequest.SerializeToString,
-                               response_deserializer=pb.EmbedBatchResponse.FromString)
+    call = rpc(channel, "EmbedBatch", pb.EmbedBatchRequest, pb.EmbedBatchResponse)
     resp = await call(pb.EmbedBatchRequest(model=model, inputs=[
         pb.EmbedInput(token_ids=pb.TokenIds(ids=s)) for s in seqs]))
     return int(resp.embeddings.shape[0])
@@ -49,24 +46,17 @@ async def packed_round(channel: grpc.aio.Channel, seqs: list[list[int]],
 async def unary_round(channel: grpc.aio.Channel, seqs: list[list[int]],
                       model: str = MODEL_NAME) -> int:
     """Every sequence as its own Embed, all in flight at once."""
-    call = channel.unary_unary("/embedding.v1.EmbeddingService/Embed",
-                               request_serializer=pb.EmbedRequest.SerializeToString,
-                               response_deserializer=pb.EmbedResponse.FromString)
-    resps = await asyncio.gather(*(call(pb.EmbedRequest(model=model,
-                                                        token_ids=pb.TokenIds(ids=s)))
-                                   for s in seqs))
+    call = rpc(channel, "Embed", pb.EmbedRequest, pb.EmbedResponse)
+    resps = await asyncio.gather(*(call(_embed(model, s)) for s in seqs))
     return sum(int(r.embeddings.shape[0]) for r in resps)
 
 
 async def stream_round(channel: grpc.aio.Channel, seqs: list[list[int]],
                        model: str = MODEL_NAME) -> int:
     """Every sequence as one message of a single EmbedStream."""
-    call = channel.stream_stream("/embedding.v1.EmbeddingService/EmbedStream",
-                                 request_serializer=pb.EmbedRequest.SerializeToString,
-                                 response_deserializer=pb.EmbedResponse.FromString)
-    stream = call(iter([pb.EmbedRequest(model=model, token_ids=pb.TokenIds(ids=s))
-                        for s in seqs]))
-    return sum([int(r.embeddings.shape[0]) async for r in stream])
+    call = rpc(channel, "EmbedStream", pb.EmbedRequest, pb.EmbedResponse, stream=True)
+    return sum([int(r.embeddings.shape[0]) async for r in call(
+        iter([_embed(model, s) for s in seqs]))])
 
 
 async def _tokens_per_s(target: str, how: Round, seqs: list[list[int]], seconds: float) -> float:
@@ -79,21 +69,18 @@ async def _tokens_per_s(target: str, how: Round, seqs: list[list[int]], seconds:
 
 
 def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
-    """Both measurements over ``cfg.reps`` interleaved rounds."""
     repo = ensure_model(cfg.model_cache, Shape(VOCAB_SIZE, cfg.dim, cfg.max_seq_len))
     rng = random.Random(0)
     seqs = [[rng.randrange(VOCAB_SIZE) for _ in range(T)] for _ in range(B)]
     ts = sorted({max(cfg.ts), min(cfg.ts)}, reverse=True)
-    requests = {t: [pb.EmbedRequest(model=MODEL_NAME, token_ids=pb.TokenIds(
-        ids=[rng.randrange(VOCAB_SIZE) for _ in range(t)])) for _ in range(8)] for t in ts}
-    ports = {w: free_port() for w in (1, 2)}
-    servers = start({f"service-w{w}": (service_argv(repo, port, "--workers", str(w),
-                                                    device=cfg.device), port, -1)
-                     for w, port in ports.items()}, cfg.out / "logs")
-    packed: dict[str, list[float]] = {"batch": [], "unary": [], "stream": []}
-    workers: dict[tuple[int, int], list[float]] = {(w, t): [] for w in (1, 2) for t in ts}
+    requests = {t: [_embed(MODEL_NAME, [rng.randrange(VOCAB_SIZE) for _ in range(t)])
+                    for _ in range(8)] for t in ts}
+    servers = start(launch_service(f"service-w{w}", repo, cfg.out / "logs", "--workers", str(w),
+                                   device=cfg.device) for w in (1, 2))
     rounds: dict[str, Round] = {"batch": packed_round, "unary": unary_round,
                                 "stream": stream_round}
+    packed: dict[str, list[float]] = {name: [] for name in rounds}
+    workers: dict[tuple[int, int], list[float]] = {(w, t): [] for w in (1, 2) for t in ts}
     try:
         for rep in range(cfg.reps):
             for name, how in rounds.items():

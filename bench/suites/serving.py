@@ -1,20 +1,9 @@
-"""The serving suite: every way out of the service beside the servers that bound it.
-
-Four servers, each its own process, started once: the **ceiling** (what the transport moves
-with no work behind it), the **lookup floor** (the transport plus the lookup, nothing else),
-the **naive** baseline (a torch lookup as ``repeated float``) and the **service**. Every
-cell (mode, T, dtype, requests in flight c) runs on each server that has that mode, the
-servers of a point back to back; rounds are interleaved (all cells of round 1, then of
-round 2, ...), so drift on the machine hits every server alike. Modes: gRPC ``unary``
-``Embed``, ``stream`` (``EmbedStream``), ``oip`` (``ModelInfer``: the service only, against
-its native unary), ``shm`` (rows into a shared-memory region: service and floor); REST
-``rest`` (binary output) and ``json`` (JSON output, fp32: service and ceiling).
-
-gRPC cells cycle 8 distinct requests (uniform ids: the table is read from DRAM); a REST
-point sends one request, whose answer the service gives once before the rounds
-(``capture``) for the REST ceiling to answer with and the floor to lay its rows out as.
-Per cell: req/s, tokens/s, MB/s of tensor payload, p50/p99 latency and the server's CPU
-(every thread) per reply, each the median of the rounds; ratios are per-round medians.
+"""The serving suite: every way out of the service beside the servers that bound it
+(docs/performance.md, "What is measured"). Four servers, each its own process, started
+once; every cell (mode, T, dtype, requests in flight c) runs on each server that has its
+mode, a point's servers back to back, rounds interleaved so that drift on the machine hits
+every server alike. A REST point's answer is captured from the service once (``capture``)
+for the REST ceiling to answer with and the floor to lay its rows out as.
 """
 
 from __future__ import annotations
@@ -32,7 +21,7 @@ from typing import Any
 
 from bench.harness.checkpoint import MODEL_NAME, VOCAB_SIZE, Shape, ensure_model
 from bench.harness.config import BACKENDS, MODES, BenchConfig
-from bench.harness.launch import ServerProcess, free_port, service_argv, start, stop
+from bench.harness.launch import ServerProcess, free_port, launch, launch_service, start, stop
 from bench.harness.load import (
     DTYPE_ENUM,
     Measurement,
@@ -46,16 +35,19 @@ from bench.harness.report import SuiteResult, Target, paired
 from bench.servers.host import Captured, CapturedCell
 from genproto.embedding.v1 import embedding_pb2 as pb
 
-__all__ = ["SERVES", "Cell", "capture", "cells", "measure_cell", "point_name", "request_ids",
-           "rest_body", "run", "start_servers", "targets"]
+__all__ = ["SERVES", "Cell", "capture", "cells", "measure_cell", "request_ids", "rest_body",
+           "run", "start_servers", "targets"]
 
-# The modes each server has; the naive reply is fp32 whatever was asked, so it runs at the
-# first dtype only, and JSON carries fp32 only.
+# The modes each server has: gRPC unary Embed, stream (EmbedStream), oip (ModelInfer: the
+# service only, against its native unary), shm (rows into a shared-memory region); REST
+# rest (binary output) and json (JSON output). The naive reply is fp32 whatever was asked,
+# so it runs at the first dtype only, and JSON carries fp32 only.
 SERVES = {"ceiling": ("unary", "stream", "rest", "json"),
           "floor": ("unary", "stream", "shm", "rest"), "naive": ("unary",), "service": MODES}
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _REST_DTYPE = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 _DISTINCT = 8  # gRPC requests cycled per cell: no layer can answer from a cache
+_RATIOS = (("over_ceiling", 8), ("over_floor", 7), ("over_naive", 7))
 
 
 @dataclass(frozen=True)
@@ -72,6 +64,11 @@ class Cell:
     def key(self) -> str:
         """Its stable name in the JSON and the plot."""
         return f"{self.backend}/{self.mode}/T{self.T}/{self.dtype}/c{self.c}"
+
+    @property
+    def point(self) -> str:
+        """A REST point's name: its captured response's, and the path it is served at."""
+        return f"{self.mode}-T{self.T}-{self.dtype}"
 
     def on(self, backend: str, mode: str | None = None, dtype: str | None = None) -> Cell:
         """The same point on ``backend`` (in ``mode``, ``dtype``)."""
@@ -116,34 +113,28 @@ def request_ids(cfg: BenchConfig) -> dict[int, list[list[int]]]:
 
 def start_servers(cfg: BenchConfig, repo: Path, captured: Path) -> dict[str, ServerProcess]:
     """``cfg``'s servers on ``repo``'s model, SERVING; the REST ones answer from ``captured``."""
-    py, checkpoint = sys.executable, str(repo / "models" / MODEL_NAME / "1")
-    rest = any(m in cfg.modes for m in ("rest", "json"))
-    argvs = {}
+    rest, log_dir = any(m in cfg.modes for m in ("rest", "json")), cfg.out / "logs"
+    servers = []
     for name in [b for b in BACKENDS if b in cfg.backends]:
-        port, http = free_port(), free_port() if rest and name != "naive" else -1
-        refs = ["--http-port", str(http), "--captured", str(captured)] if http > 0 else []
+        http = free_port() if rest and name != "naive" else -1
         if name == "service":
-            argv = service_argv(repo, port, *cfg.extra_server_args, http_port=http,
-                                device=cfg.device)
-        elif name == "ceiling":
-            argv = [py, "-m", "bench.servers.ceiling", "--port", str(port), "--dim",
-                    str(cfg.dim), *refs]
-        else:
-            argv = [py, "-m", f"bench.servers.{name}", "--port", str(port), "--checkpoint",
-                    checkpoint, *(refs if name == "floor" else [])]
-        argvs[name] = (argv, port, http)
-    return start(argvs, cfg.out / "logs")
-
-
-def point_name(cell: Cell) -> str:
-    """The name of a REST point's captured response (and the path it is served at)."""
-    return f"{cell.mode}-T{cell.T}-{cell.dtype}"
+            servers.append(launch_service(name, repo, log_dir, *cfg.extra_server_args,
+                                          http_port=http, device=cfg.device))
+            continue
+        port = free_port()
+        model = (["--dim", str(cfg.dim)] if name == "ceiling" else
+                 ["--checkpoint", str(repo / "models" / MODEL_NAME / "1")])
+        refs = ["--http-port", str(http), "--captured", str(captured)] if http > 0 else []
+        argv = [sys.executable, "-m", f"bench.servers.{name}", "--port", str(port), *model,
+                *refs]
+        servers.append(launch(name, argv, port, log_dir, http))
+    return start(servers)
 
 
 def capture(service: ServerProcess, todo: list[Cell], ids: dict[int, list[list[int]]],
-             captured: Captured) -> None:
+            captured: Captured) -> None:
     """The service's own REST response per point, for the ceiling and floor to answer with."""
-    points = {point_name(c): c for c in todo if c.mode in ("rest", "json")}
+    points = {c.point: c for c in todo if c.mode in ("rest", "json")}
     url = f"http://127.0.0.1:{service.http_port}/v2/models/{MODEL_NAME}/infer"
     for name, cell in points.items():
         body = rest_body(ids[cell.T][0], cell.dtype, cell.mode == "rest")
@@ -155,9 +146,9 @@ def capture(service: ServerProcess, todo: list[Cell], ids: dict[int, list[list[i
 
 
 def measure_cell(cfg: BenchConfig, cell: Cell, server: ServerProcess,
-             ids: dict[int, list[list[int]]]) -> Measurement:
+                 ids: dict[int, list[list[int]]]) -> Measurement:
     if cell.mode in ("rest", "json"):
-        path = f"v2/models/{MODEL_NAME}/infer" if cell.backend == "service" else point_name(cell)
+        path = f"v2/models/{MODEL_NAME}/infer" if cell.backend == "service" else cell.point
         url = f"http://127.0.0.1:{server.http_port}/{path}"
         body = rest_body(ids[cell.T][0], cell.dtype, cell.mode == "rest")
         size = cell.T * cfg.dim * (_BYTES[cell.dtype] if cell.mode == "rest" else 1)
@@ -186,18 +177,6 @@ def _summary(m: Measurement, cell: Cell, dim: int) -> dict[str, float]:
             "cpu_us": m.cpu_s / m.requests * 1e6}
 
 
-def _refs(cell: Cell, dtype0: str) -> dict[str, Cell]:
-    """What a service cell is compared with in the table."""
-    unary = "unary" if cell.mode in ("oip", "shm") else cell.mode
-    return {"ceiling": cell.on("ceiling", unary),
-            "floor": cell.on("floor", "unary" if cell.mode == "oip" else cell.mode),
-            "naive": cell.on("naive", "unary", dtype0)}
-
-
-def _series(reps: dict[Cell, list[dict[str, float]]], cell: Cell, key: str) -> list[float]:
-    return [r[key] for r in reps[cell]]
-
-
 def targets(cfg: BenchConfig, reps: dict[Cell, list[dict[str, float]]]) -> list[Target]:
     """The serving targets, from each cell's per-round figures (a missing cell, none)."""
     out: list[Target] = []
@@ -205,8 +184,8 @@ def targets(cfg: BenchConfig, reps: dict[Cell, list[dict[str, float]]]) -> list[
     def add(name: str, op: str, bound: float, over: list[Cell], under: list[Cell],
             key: str = "req_s") -> None:
         if all(c in reps for c in over + under):  # a run of fewer cells has fewer targets
-            value = paired([_series(reps, c, key) for c in over],
-                           [_series(reps, c, key) for c in under])
+            value = paired([[r[key] for r in reps[c]] for c in over],
+                           [[r[key] for r in reps[c]] for c in under])
             out.append(Target(name, value, op, bound))
 
     big, small, hi, lo = max(cfg.ts), min(cfg.ts), max(cfg.concurrencies), min(cfg.concurrencies)
@@ -230,9 +209,9 @@ def targets(cfg: BenchConfig, reps: dict[Cell, list[dict[str, float]]]) -> list[
     for u in sorted({t, s}, key=lambda c: c.T):
         add(f"T={u.T} fp32 c={hi}: OIP ModelInfer / native unary throughput", ">=", 0.9,
             [u.on("service", "oip")], [u])
-    add(f"T={big} fp32 c={hi}: shm / gRPC ceiling throughput", ">=", 3.0,
-        [s.on("service", "shm")], [s.on("ceiling")])
     shm = s.on("service", "shm")
+    add(f"T={big} fp32 c={hi}: shm / gRPC ceiling throughput", ">=", 3.0,
+        [shm], [s.on("ceiling")])
     add(f"T={big} c={hi} shm: bf16/fp32 throughput, service / lookup floor", ">=", 0.9,
         [shm.on("service", dtype="bfloat16"), shm.on("floor")],
         [shm, shm.on("floor", dtype="bfloat16")])
@@ -246,6 +225,23 @@ def targets(cfg: BenchConfig, reps: dict[Cell, list[dict[str, float]]]) -> list[
     return out
 
 
+def _row(cell: Cell, reps: dict[Cell, list[dict[str, float]]], dtype0: str) -> dict[str, Any]:
+    """A cell's JSON row; a service cell's with its paired ratios to its references."""
+    rs = reps[cell]
+    row: dict[str, Any] = {**asdict(cell), "key": cell.key, "rounds": rs, "median": {
+        k: statistics.median(r[k] for r in rs) for k in rs[0]}}
+    if cell.backend == "service":
+        unary = "unary" if cell.mode in ("oip", "shm") else cell.mode
+        refs = {"ceiling": cell.on("ceiling", unary),
+                "floor": cell.on("floor", "unary" if cell.mode == "oip" else cell.mode),
+                "naive": cell.on("naive", "unary", dtype0)}
+        for name, ref in refs.items():
+            row[f"over_{name}"] = (paired([[r["req_s"] for r in rs]],
+                                          [[r["req_s"] for r in reps[ref]]])
+                                   if ref in reps else None)
+    return row
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'mode':6} {'T':>5} {'dtype':8} {'c':>3} {'server':8} {'req/s':>9} {'MB/s':>8} "
             f"{'p50 ms':>8} {'p99 ms':>8} {'cpu us':>7} {'/ceiling':>8} {'/floor':>7} "
@@ -254,7 +250,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         m = r["median"]
         ratios = " ".join("-".rjust(w) if r.get(k) is None else f"{r[k]:>{w}.2f}"
-                          for k, w in (("over_ceiling", 8), ("over_floor", 7), ("over_naive", 7)))
+                          for k, w in _RATIOS)
         lines.append(f"{r['mode']:6} {r['T']:>5} {r['dtype']:8} {r['c']:>3} {r['backend']:8} "
                      f"{m['req_s']:>9.1f} {m['mb_s']:>8.1f} {m['p50_ms']:>8.3f} "
                      f"{m['p99_ms']:>8.3f} {m['cpu_us']:>7.0f} {ratios}")
@@ -262,7 +258,6 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
-    """Start the servers, run every cell ``cfg.reps`` times interleaved, stop them."""
     repo = ensure_model(cfg.model_cache, Shape(VOCAB_SIZE, cfg.dim, cfg.max_seq_len))
     todo, ids = cells(cfg), request_ids(cfg)
     captured = Captured(cfg.out / "captured")
@@ -279,15 +274,6 @@ def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
     finally:
         stop(servers.values())
     reps = {cell: [_summary(m, cell, cfg.dim) for m in ms] for cell, ms in results.items()}
-    rows = []
-    for cell, rs in reps.items():
-        row: dict[str, Any] = {**asdict(cell), "key": cell.key, "rounds": rs, "median": {
-            k: statistics.median(r[k] for r in rs) for k in rs[0]}}
-        if cell.backend == "service":
-            for name, ref in _refs(cell, cfg.dtypes[0]).items():
-                row[f"over_{name}"] = (paired([_series(reps, cell, "req_s")],
-                                              [_series(reps, ref, "req_s")])
-                                       if ref in reps else None)
-        rows.append(row)
+    rows = [_row(cell, reps, cfg.dtypes[0]) for cell in reps]
     return SuiteResult("serving", {"C": cfg.dim, "cells": rows}, _table(rows),
                        targets(cfg, reps))

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.soak.oracle import Oracle
-from bench.soak.server import Publisher
+from bench.soak.oracle import Oracle, Publisher
 from bench.soak.slow import WIDE_MODEL, WIDE_VOCAB
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 
@@ -19,5 +18,5 @@ def publish_soak_models(root: Path, L: int, T: int, C: int) -> tuple[Oracle, Ora
     oracle = Oracle(L, tokenizer.encode)
     Publisher(root, oracle, dim=8, max_seq_len=L).publish()
     wide = Oracle(T, tokenizer.encode, WIDE_MODEL)
-    Publisher(root, wide, C, T, WIDE_MODEL, WIDE_VOCAB, tokenizer=False).publish()
+    Publisher(root, wide, C, T, WIDE_VOCAB, tokenizer=False).publish()
     return oracle, wide, tokenizer

@@ -9,11 +9,11 @@ import time
 import grpc
 import pytest
 
+from bench.harness.checkpoint import VOCAB_SIZE
 from bench.harness.load import percentile
-from bench.soak.oracle import Oracle
+from bench.soak.oracle import Oracle, Publisher
 from bench.soak.report import latency_windows
 from bench.soak.requests import RequestMaker
-from bench.soak.server import VOCAB_SIZE, Publisher
 from bench.soak.traffic import AttemptCounter, SoakClient, Tally
 from client.retry import RetryPolicy
 from genproto.embedding.v1 import embedding_pb2 as pb

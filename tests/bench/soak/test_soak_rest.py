@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from bench.harness.checkpoint import VOCAB_SIZE
 from bench.soak.requests import RequestMaker
 from bench.soak.rest import RestClient, RestSlowReader
-from bench.soak.server import VOCAB_SIZE
 from bench.soak.slow import SlowTally
 from bench.soak.traffic import Tally
 from tests.bench.soak.models import publish_soak_models

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from bench.harness.checkpoint import VOCAB_SIZE
 from bench.soak.requests import RequestMaker
-from bench.soak.server import VOCAB_SIZE
 from bench.soak.slow import (
     SlowReader,
     SlowTally,
