@@ -146,13 +146,15 @@ class SoakClient:
                     self.tally.lost += len(pairs)
                     self.tally.problem(f"EmbedStream ended OK with {len(pairs)} unanswered")
                 return
+            if code == grpc.StatusCode.UNAVAILABLE and done > 0 and resumes < _MAX_RESUMES:
+                # Broken after an answer (a worker killed): gRPC will not retry it; we
+                # resume, the invalid one too (it was never read, so it has no status yet).
+                resumes += 1
+                self.tally.stream_resumes += 1
+                continue
             if pairs and pairs[0][1].code != OK:  # the invalid one: its status ends it
                 self.tally.outcome("EmbedStream", pairs[0][1], code, details)
                 return
-            if code == grpc.StatusCode.UNAVAILABLE and done > 0 and resumes < _MAX_RESUMES:
-                resumes += 1  # broken after an answer: gRPC will not retry it; we resume
-                self.tally.stream_resumes += 1
-                continue
             for _, exp in pairs:
                 self.tally.outcome("EmbedStream", exp, code, details)
             return
