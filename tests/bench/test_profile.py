@@ -4,6 +4,8 @@ on its stack, by module, and to "transport" when there is none."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.suites.profile import ORDER, TRANSPORT, stage_of, tally
@@ -28,6 +30,7 @@ _EMBED = "embed (/srv/service/engine/engine.py:97)"
      "admission"),
     (f"{_LOOP};{_FRAME};{_EMBED};embed_into (/srv/service/engine/tables.py:220)", "lookup"),
     (f"{_LOOP};{_FRAME};{_EMBED};prepare (/srv/service/engine/replies.py:110)", "response"),
+    (f"{_LOOP};{_FRAME};{_EMBED};finish (/srv/service/engine/rest_reply.py:135)", "response"),
     (f"{_LOOP};{_FRAME};{_EMBED};record (/srv/service/tracing.py:170)", "tracing"),
     (f"{_LOOP};{_FRAME};infer (/srv/service/rpc/http/front.py:300);"
      "send (/srv/service/rpc/http/send.py:50)", "response"),
@@ -46,3 +49,21 @@ def test_tally_counts_samples_per_stage_in_order() -> None:
     counts = tally(raw)
     assert list(counts) == ORDER
     assert counts == {**dict.fromkeys(ORDER, 0), TRANSPORT: 7, "frame": 2, "hand-off": 6}
+
+
+# Engine and front modules that no request runs through once the server is up.
+_NOT_ON_A_REQUEST = {"service/engine/__init__.py", "service/engine/kernel_build.py",
+                     "service/engine/loading.py", "service/engine/pending_versions.py",
+                     "service/engine/permissions.py", "service/engine/cuda_ipc.py",
+                     "service/rpc/__init__.py", "service/rpc/http/__init__.py"}
+
+
+def test_every_module_a_request_runs_has_a_stage() -> None:
+    """A module added to the engine or a front is charged to its own stage, not to the
+    transport or (through its caller) to another stage."""
+    root = Path(__file__).resolve().parents[2]
+    modules = {p.relative_to(root).as_posix()
+               for d in ("service/engine", "service/rpc") for p in (root / d).rglob("*.py")}
+    unstaged = sorted(m for m in modules - _NOT_ON_A_REQUEST
+                      if stage_of(f"{_LOOP};f (/srv/{m}:1)") == TRANSPORT)
+    assert unstaged == []
