@@ -31,13 +31,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
-import shutil
 import signal
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,16 +46,12 @@ from bench.harness.launch import (
     ROOT,
     free_port,
     launch_service,
-    stop,
     tree_rss_mb,
-    wait_serving,
     worker_pids,
 )
-from bench.harness.plot import save_png, soak_figure
 from bench.soak import shm_truncate
 from bench.soak import slow as slowly
 from bench.soak.oracle import Oracle, Publisher
-from bench.soak.report import build_report, format_summary
 from bench.soak.requests import MODEL, RequestMaker
 from bench.soak.rest import RestClient, RestSlowReader
 from bench.soak.traffic import AttemptCounter, SoakClient, Tally
@@ -68,7 +60,7 @@ from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
 from service.format.tokenizer import default_ranks_path, gpt2_spec, load_tokenizer
 
-__all__ = ["main", "parse_args", "run_soak"]
+__all__ = ["Soak", "drive", "final_versions", "parse_args"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -207,7 +199,7 @@ class Soak:
               f"rss {self.rss[-1]['total_mb'] if self.rss else 0:.0f} MB", flush=True)
 
 
-async def _drive(run: Soak) -> None:
+async def drive(run: Soak) -> None:
     args, target, port = run.args, run.server.target, run.server.http_port
     duration = args.minutes * 60
     run.tally.t0 = run.slow.t0 = time.monotonic()
@@ -259,7 +251,7 @@ async def _drive(run: Soak) -> None:
         await c.close()
 
 
-def _final_versions(target: str, n: int = 4) -> list[int]:
+def final_versions(target: str, n: int = 4) -> list[int]:
     """The version each of ``n`` fresh connections is served (any worker may answer)."""
     out = []
     for _ in range(n):
@@ -268,39 +260,3 @@ def _final_versions(target: str, n: int = 4) -> list[int]:
             out.append(stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=[1])),
                                   timeout=30).version)
     return out
-
-
-def run_soak(args: argparse.Namespace) -> dict[str, Any]:
-    """Run one soak; write soak.json and soak.png under ``args.out``; return the report."""
-    root = Path(tempfile.mkdtemp(prefix="embed-soak-"))
-    run = Soak(args, root)
-    try:
-        wait_serving(run.server, 120)
-        deadline = time.monotonic() + 120
-        while run.log_count(" serving ") < args.workers:  # every worker, not just one
-            if time.monotonic() > deadline or run.server.proc.poll() is not None:
-                raise RuntimeError(f"workers not serving; log:\n{run.server.log.read_text()}")
-            time.sleep(0.2)
-        print(f"soak: {args.clients} clients x {args.minutes} min against "
-              f"{run.server.target} (--workers {args.workers}, repository {root})", flush=True)
-        asyncio.run(_drive(run))
-        final = _final_versions(run.server.target)
-    finally:
-        exit_code = stop([run.server], timeout_s=60)[0]
-    report = build_report(run, final, exit_code)
-    args.out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(run.server.log, args.out / "soak-server.log")
-    shutil.rmtree(root, ignore_errors=True)  # the repository: tens of MB per version
-    (args.out / "soak.json").write_text(json.dumps(report, indent=1))
-    save_png(args.out / "soak.png", 100, lambda line: print(line, file=sys.stderr), "soak",
-             soak_figure, report)
-    return report
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m bench.soak``: run, print the summary, exit 1 unless every check passed."""
-    args = parse_args(argv)
-    report = run_soak(args)
-    print(format_summary(report))
-    print(f"wrote {args.out / 'soak.json'} and {args.out / 'soak.png'}")
-    raise SystemExit(0 if report["passed"] else 1)
