@@ -53,7 +53,8 @@ from client.rules import (
 )
 
 __all__ = ["DEVICE", "MODEL_NAME", "SWITCH", "TOKEN", "OneLineParser", "Relation", "Rule",
-           "actions", "check_places", "check_relations", "choice", "conflicts", "from_env",
+           "actions", "check_places", "check_relations", "choice", "conflicts", "flag_name",
+           "from_env",
            "given", "input_dir", "input_file", "install", "integer", "internal_error",
            "model_name", "needs", "number", "one_of", "output_dir", "output_file", "parse",
            "port", "text", "tls_problem"]
@@ -85,7 +86,8 @@ class Relation:
     broken: Callable[[Mapping[str, Any], set[str]], str | None]
 
 
-def _flag(dest: str) -> str:
+def flag_name(dest: str) -> str:
+    """The option that sets ``dest``: ``max_batch_tokens`` -> ``--max-batch-tokens``."""
     return "--" + dest.replace("_", "-")
 
 
@@ -93,7 +95,7 @@ def needs(option: str, other: str, why: str = "") -> Relation:
     """``option``, when given, needs ``other`` set (truthy)."""
     def broken(values: Mapping[str, Any], given_: set[str]) -> str | None:
         if option in given_ and not values.get(other):
-            return f"{_flag(option)} needs {_flag(other)}" + (f": {why}" if why else "")
+            return f"{flag_name(option)} needs {flag_name(other)}" + (f": {why}" if why else "")
         return None
     return Relation((option, other), broken)
 
@@ -102,7 +104,7 @@ def conflicts(option: str, other: str, why: str) -> Relation:
     """``option`` and ``other`` cannot both be given."""
     def broken(values: Mapping[str, Any], given_: set[str]) -> str | None:
         if option in given_ and other in given_:
-            return f"{_flag(option)} and {_flag(other)} cannot go together: {why}"
+            return f"{flag_name(option)} and {flag_name(other)} cannot go together: {why}"
         return None
     return Relation((option, other), broken)
 
@@ -110,7 +112,7 @@ def conflicts(option: str, other: str, why: str) -> Relation:
 def one_of(first: str, second: str, names: tuple[str, str] | None = None) -> Relation:
     """Exactly one of two options (or positionals, shown as ``names``), where a command has
     both (a relation is about the options of the command being run)."""
-    shown = names or (_flag(first), _flag(second))
+    shown = names or (flag_name(first), flag_name(second))
 
     def broken(values: Mapping[str, Any], given_: set[str]) -> str | None:
         if first not in values or second not in values:
@@ -239,7 +241,7 @@ def check_places(rules: Mapping[str, Rule], values: Mapping[str, Any],
         for item in value if isinstance(value, list | tuple) else (value,):
             reason = rule.place(item)
             if reason is not None:
-                shown = (names or {}).get(dest, _flag(dest))
+                shown = (names or {}).get(dest, flag_name(dest))
                 return f"{shown} {item}: {reason}"
     return None
 

@@ -47,7 +47,7 @@ class Command:
         """The argument parser, each option checked by its rule."""
         parser = flags.OneLineParser(prog=self.prog, description=self.description)
         for dest, o in self.options.items():
-            parser.add_argument("--" + dest.replace("_", "-"), default=o.default,
+            parser.add_argument(flags.flag_name(dest), default=o.default,
                                 metavar=o.metavar, help=o.help)
         flags.install(parser, self.rules)
         return parser

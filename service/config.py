@@ -21,20 +21,15 @@ from pathlib import Path
 from typing import NoReturn
 
 from client import flags
+from client.flags import flag_name
 from service.config_rules import RULES, TABLE_DTYPE_NAMES, parse_pins
 
-__all__ = ["RULES", "ServerConfig", "env_name", "exit_with", "flag_name", "parse_config",
-           "parse_pins"]
+__all__ = ["RULES", "ServerConfig", "env_name", "exit_with", "parse_config", "parse_pins"]
 
 
 def _help(text: str) -> dict[str, str]:
     """A field's metadata: the help text ``--help`` prints for its flag."""
     return {"help": text}
-
-
-def flag_name(name: str) -> str:
-    """``max_batch_tokens`` → ``--max-batch-tokens``."""
-    return "--" + name.replace("_", "-")
 
 
 def env_name(name: str) -> str:

@@ -172,10 +172,6 @@ class TrainConfig:
         return d
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _parse_bool(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -218,10 +214,11 @@ def _parser(defaults: TrainConfig, prog: str = PROG) -> argparse.ArgumentParser:
         accepts = f"; {RULES[f.name].accepts}" if RULES[f.name].takes_value else ""
         text = f"{HELP[f.name]}{accepts} (default {shown}; env {ENV_PREFIX}{f.name.upper()})"
         if isinstance(default, bool):
-            parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction,
+            parser.add_argument(flags.flag_name(f.name), action=argparse.BooleanOptionalAction,
                                 default=None, help=text.replace("%", "%%"))
         else:
-            parser.add_argument(_flag(f.name), default=None, help=text.replace("%", "%%"),
+            parser.add_argument(flags.flag_name(f.name), default=None,
+                                help=text.replace("%", "%%"),
                                 nargs="+" if f.name == "data" else None,
                                 metavar=_METAVARS.get(f.name) or _METAVARS[type(default)])
     flags.install(parser, RULES)

@@ -18,9 +18,10 @@ import grpc
 import pytest
 import torch
 
+from client.flags import flag_name
 from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.embedding.v1 import embedding_pb2_grpc as pb_grpc
-from service.config import ServerConfig, env_name, flag_name
+from service.config import ServerConfig, env_name
 from service.format import checkpoint
 from service.preflight import VERSION_NAME, StartupError, check_config
 from tests.tiny_model import MakeCheckpoint, start

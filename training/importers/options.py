@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from client.flags import OneLineParser
+from client.flags import OneLineParser, flag_name
 from service.format.checkpoint import is_version_name
 
 __all__ = ["DTYPES", "HF_COMMANDS", "PROG", "RULES", "build_parser", "parse"]
@@ -98,11 +98,6 @@ _TIKTOKEN_ONLY: dict[str, tuple[Callable[[str], str] | None, str, str]] = {
 }
 
 
-def _flag(dest: str) -> str:
-    """The option that sets ``dest``: ``pat_str`` -> ``--pat-str``."""
-    return "--" + dest.replace("_", "-")
-
-
 def build_parser(description: str = "") -> argparse.ArgumentParser:
     """The parser, one subparser per importer (values checked by their types here; the
     combinations and paths by ``parse``)."""
@@ -148,7 +143,7 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
                             "(BLOOM); it may override the config's; refused for learned "
                             "position tables (their row count is the limit)")
         for dest, (type_, metavar, what) in _TIKTOKEN_ONLY.items():
-            s.add_argument(_flag(dest), type=type_, metavar=metavar,
+            s.add_argument(flag_name(dest), type=type_, metavar=metavar,
                            help=f"the --tokenizer file's {what}")
         s.add_argument("--discover", action="store_true",
                        help="find the rule by running the family's transformers code even "
@@ -190,20 +185,20 @@ def _check(args: argparse.Namespace) -> str | None:
     hf = args.command in HF_COMMANDS
     given = {k for k in ("tokenizer", *_TIKTOKEN_ONLY) if getattr(args, k, None) is not None}
     if args.name_map_check:
-        writes = [_flag(k) for k in ("out", "dtype") if getattr(args, k)]
-        writes += [_flag(k) for k in sorted(given)]
+        writes = [flag_name(k) for k in ("out", "dtype") if getattr(args, k)]
+        writes += [flag_name(k) for k in sorted(given)]
         writes += ["--no-tokenizer"] if getattr(args, "no_tokenizer", False) else []
         if writes:
             return f"--name-map-check writes nothing: {', '.join(writes)} would not be used"
     elif args.out is None:
         return "--out models/<name>/<version> is required (or --name-map-check)"
     if hf and args.no_tokenizer and given:
-        return (f"--no-tokenizer imports ids-only: {', '.join(_flag(k) for k in sorted(given))} "
-                f"would not be used")
+        named = ", ".join(flag_name(k) for k in sorted(given))
+        return f"--no-tokenizer imports ids-only: {named} would not be used"
     if hf and args.tokenizer is None:
         for k in _TIKTOKEN_ONLY:
             if getattr(args, k) is not None:
-                return f"{_flag(k)}: {RULES[k]}"
+                return f"{flag_name(k)}: {RULES[k]}"
     source = args.dir if hf else args.ckpt
     label = "DIR" if hf else "CKPT"
     if hf and not source.is_dir():
