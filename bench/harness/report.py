@@ -18,12 +18,15 @@ __all__ = ["SuiteResult", "Target", "format_targets", "paired"]
 
 @dataclass(frozen=True)
 class Target:
-    """One target line: a measured value against a bound (``op`` is ">=" or "<=")."""
+    """One target line: a measured value against a bound (``op`` is ">=" or "<="), and,
+    where a lookup floor ran, the same figure for the floor: what a server doing the
+    lookup and nothing else reached in the same run, the most the service could."""
 
     name: str
     value: float
     op: str
     bound: float
+    floor: float | None = None
 
     @property
     def met(self) -> bool:
@@ -33,7 +36,9 @@ class Target:
     def line(self) -> str:
         """``[MET    ] name = 0.93 (target >= 0.9)``."""
         verdict = "MET    " if self.met else "NOT MET"
-        return f"[{verdict}] {self.name} = {self.value:.2f} (target {self.op} {self.bound:g})"
+        floor = "" if self.floor is None else f"; the lookup floor: {self.floor:.2f}"
+        return (f"[{verdict}] {self.name} = {self.value:.2f} "
+                f"(target {self.op} {self.bound:g}{floor})")
 
 
 def paired(over: Sequence[Sequence[float]], under: Sequence[Sequence[float]]) -> float:

@@ -3,8 +3,9 @@ validation, admission, batching, metrics or frame), over each transport the serv
 the most a service can reach there (docs/performance.md). The lookup is the service's own
 (``EmbeddingTables.embed_into``) into a reply allocated at its final size, uninitialised,
 as the service allocates it; gRPC replies are laid out as the ceiling's (or the rows go
-into a registered shared-memory region), REST ones as the service's own captured answer,
-checked byte for byte on first use (else 500: a floor answering other bytes would measure
+into a registered shared-memory region), REST ones as the service's own captured answer
+(the rows in binary after its JSON header, or printed as JSON numbers as the service prints
+them), checked byte for byte on first use (else 500: a floor answering other bytes would measure
 something else).
 
     python -m bench.servers.floor --port N --checkpoint MODELS/bench/1 \\
@@ -14,14 +15,16 @@ something else).
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
+import orjson
 import torch
 from aiohttp import web
 
@@ -157,28 +160,52 @@ class GrpcFloor:
 
 
 def rest_handler(lookup: Lookup, captured: Captured) -> HttpHandler:
-    """``POST /<cell>``: the cell's rows in the service's own response layout."""
-    plans: dict[str, tuple[bytes, list[int], torch.dtype, bytes, dict[str, str]] | str] = {}
+    """``POST /<cell>``: the cell's rows in the service's own response layout: binary
+    after its JSON header, or printed as JSON numbers as the service prints them."""
+    plans: dict[str, tuple[Callable[[], bytes], dict[str, str]] | str] = {}
 
-    def plan(path: str) -> tuple[bytes, list[int], torch.dtype, bytes, dict[str, str]] | str:
+    def plan(path: str) -> tuple[Callable[[], bytes], dict[str, str]] | str:
         cell = captured.get(path)
-        head = int(cell.headers["Inference-Header-Content-Length"])
         dtype = _WIRE[_REST_WIRE[cell.datatype]]
-        end = head + len(cell.ids) * lookup.dim * dtype.itemsize
-        out = (cell.body[:head], cell.ids, dtype, cell.body[end:], cell.headers)
-        if lookup.reply(out[0], out[1], 0, out[2], out[3]) != cell.body:
+        answer: Callable[[], bytes]
+        if cell.headers["Content-Type"].startswith("application/json"):
+            answer = _json_answer(lookup, cell.body, cell.ids, dtype)
+        else:
+            head = int(cell.headers["Inference-Header-Content-Length"])
+            end = head + len(cell.ids) * lookup.dim * dtype.itemsize
+            prefix, suffix = cell.body[:head], cell.body[end:]
+            answer = functools.partial(lookup.reply, prefix, cell.ids, 0, dtype, suffix)
+        if answer() != cell.body:
             return f"floor: {path} differs from the service's response"
-        return out
+        return answer, cell.headers
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         await request.read()
         p = plans.get(request.path) or plans.setdefault(request.path, plan(request.path))
         if isinstance(p, str):
             return web.Response(status=500, text=p)
-        prefix, ids, dtype, suffix, headers = p
-        return web.Response(body=lookup.reply(prefix, ids, 0, dtype, suffix), headers=headers)
+        answer, headers = p
+        return web.Response(body=answer(), headers=headers)
 
     return handle
+
+
+def _json_answer(lookup: Lookup, body: bytes, ids: list[int],
+                 dtype: torch.dtype) -> Callable[[], bytes]:
+    """The service's JSON answer for ``ids``, rows looked up anew each call: its header
+    as captured, the rows widened to float64 and printed by orjson, as the service does
+    (``engine/rest_reply.py``): the floor of any exact JSON answer printed in Python."""
+    header = orjson.loads(body)
+    (output,) = [o for o in header["outputs"] if o["name"] == "embeddings"]
+    T, C = len(ids), lookup.dim
+
+    def answer() -> bytes:
+        rows = torch.empty(T, C, dtype=dtype)  # (T, C)
+        lookup.into(rows, ids, 0)
+        output["data"] = rows.reshape(-1).numpy().astype(np.float64)  # (T*C,)
+        return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    return answer
 
 
 def main(argv: Sequence[str] | None = None) -> None:

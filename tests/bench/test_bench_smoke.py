@@ -31,6 +31,7 @@ TARGETS = [
     "REST binary T=4 fp32 c=2: service / lookup floor throughput",  # T=small (>= 0.8)
     "REST binary T=4 fp32 c=2: service / lookup floor throughput",  # T=big (>= 0.9)
     "REST JSON T=4 fp32 c=2: service / REST ceiling throughput",
+    "REST JSON T=4 fp32 c=2: service / JSON lookup floor throughput",
     "64 x T=16: EmbedBatch / unary throughput",
     "overload c=4: refusal p99 ms",
     "overload c=16: refusal p99 ms",
@@ -55,9 +56,9 @@ def test_quick_bench_runs_every_path_of_every_suite(tmp_path: Path) -> None:
     serving = report["serving"]
     want = {c.key for c in cells(quick(BenchConfig()))}
     assert {c["key"] for c in serving["cells"]} == want
-    # Per c: fp32 unary 4, stream 3, oip 1, shm 2, rest 3, json 2; bf16 the same less naive
+    # Per c: fp32 unary 4, stream 3, oip 1, shm 2, rest 3, json 3; bf16 the same less naive
     # and JSON.
-    assert len(want) == 2 * (15 + 12)
+    assert len(want) == 2 * (16 + 12)
     for cell in serving["cells"]:
         m = cell["median"]
         assert m["req_s"] > 0, cell["key"]

@@ -22,6 +22,10 @@ def test_target_lines_carry_the_verdict_the_value_and_the_bound() -> None:
                   ">=", 0.8).line() == ("[MET    ] REST binary T=16 fp32 c=1: service / lookup "
                                         "floor throughput = 0.81 (target >= 0.8)")
     assert Target("p50", 1.25, "<=", 1.2).line() == "[NOT MET] p50 = 1.25 (target <= 1.2)"
+    assert Target("T=16 fp32 c=16 unary: service / gRPC ceiling throughput", 0.744, ">=", 0.85,
+                  floor=0.8249).line() == (
+        "[NOT MET] T=16 fp32 c=16 unary: service / gRPC ceiling throughput = 0.74 "
+        "(target >= 0.85; the lookup floor: 0.82)")
 
 
 def test_paired_is_the_median_of_per_round_ratios_not_the_ratio_of_medians() -> None:
@@ -54,6 +58,8 @@ def test_the_target_block_counts_verdicts_and_warns_of_a_loaded_machine() -> Non
 
 
 def test_a_suites_json_carries_each_target_with_its_verdict() -> None:
-    result = SuiteResult("s", {"x": 1}, "", [Target("a", 0.5, ">=", 0.9)])
+    result = SuiteResult("s", {"x": 1}, "", [Target("a", 0.5, ">=", 0.9),
+                                              Target("b", 0.7, ">=", 0.85, floor=0.8)])
     assert result.json() == {"x": 1, "targets": [
-        {"name": "a", "value": 0.5, "op": ">=", "bound": 0.9, "met": False}]}
+        {"name": "a", "value": 0.5, "op": ">=", "bound": 0.9, "floor": None, "met": False},
+        {"name": "b", "value": 0.7, "op": ">=", "bound": 0.85, "floor": 0.8, "met": False}]}

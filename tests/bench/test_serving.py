@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import orjson
 import pytest
 import torch
 
@@ -45,7 +46,8 @@ def test_each_server_runs_the_modes_it_has() -> None:
         "ceiling/rest/T16/float32/c1", "floor/rest/T16/float32/c1",
         "service/rest/T16/float32/c1", "ceiling/rest/T16/bfloat16/c1",
         "floor/rest/T16/bfloat16/c1", "service/rest/T16/bfloat16/c1",
-        "ceiling/json/T16/float32/c1", "service/json/T16/float32/c1"]  # JSON: fp32 only
+        "ceiling/json/T16/float32/c1", "floor/json/T16/float32/c1",
+        "service/json/T16/float32/c1"]  # JSON: fp32 only
 
 
 def test_targets_judge_each_line_against_its_reference_in_the_same_run() -> None:
@@ -59,27 +61,33 @@ def test_targets_judge_each_line_against_its_reference_in_the_same_run() -> None
         "service/shm/T1024/float32/c16": 350, "service/shm/T1024/bfloat16/c16": 420,
         "floor/shm/T1024/bfloat16/c16": 150, "service/rest/T16/float32/c1": 80,
         "service/rest/T16/float32/c16": 79, "service/rest/T1024/float32/c16": 95,
-        "service/json/T16/float32/c16": 50}
+        "service/json/T16/float32/c16": 50, "floor/unary/T16/float32/c16": 80,
+        "floor/json/T16/float32/c16": 40}
     reps = {cell: [{"req_s": float(rates.get(cell.key, 100)),
                     "p50_ms": 1.2 if cell.key == "service/unary/T16/float32/c1" else 1.0}] * 2
             for cell in cells(cfg)}
-    got = [(t.name, round(t.value, 4), t.met) for t in targets(cfg, reps)]
-    assert got == [
-        ("T=1024 fp32 c=16 unary: service / gRPC ceiling throughput", 0.7, False),
-        ("T=1024 fp32 c=16 unary: service / naive throughput", 14.0, True),
-        ("T=16 fp32 c=16 unary: service / gRPC ceiling throughput", 0.9, True),
-        ("T=16 fp32 c=1 unary: service p50 / gRPC ceiling p50", 1.2, True),
-        ("T=16 fp32 c=1: stream/unary throughput, service / gRPC ceiling", 0.9, True),
-        ("T=16 fp32 c=16: stream/unary throughput, service / gRPC ceiling", 0.8333, False),
-        ("T=1024 c=16 unary: bf16 / fp32 throughput", 1.6, True),
-        ("T=16 fp32 c=16: OIP ModelInfer / native unary throughput", 0.9, True),
-        ("T=1024 fp32 c=16: OIP ModelInfer / native unary throughput", 0.9, True),
-        ("T=1024 fp32 c=16: shm / gRPC ceiling throughput", 3.5, True),
-        ("T=1024 c=16 shm: bf16/fp32 throughput, service / lookup floor", 0.8, False),
-        ("REST binary T=16 fp32 c=1: service / lookup floor throughput", 0.8, True),
-        ("REST binary T=16 fp32 c=16: service / lookup floor throughput", 0.79, False),
-        ("REST binary T=1024 fp32 c=16: service / lookup floor throughput", 0.95, True),
-        ("REST JSON T=16 fp32 c=16: service / REST ceiling throughput", 0.5, True)]
+    got = [(t.name, round(t.value, 4), t.met, t.floor and round(t.floor, 4))
+           for t in targets(cfg, reps)]
+    assert got == [  # a line against the ceiling carries the floor's own figure
+        ("T=1024 fp32 c=16 unary: service / gRPC ceiling throughput", 0.7, False, 1.0),
+        ("T=1024 fp32 c=16 unary: service / naive throughput", 14.0, True, None),
+        ("T=16 fp32 c=16 unary: service / gRPC ceiling throughput", 0.9, True, 0.8),
+        ("T=16 fp32 c=1 unary: service p50 / gRPC ceiling p50", 1.2, True, 1.0),
+        ("T=16 fp32 c=1: stream/unary throughput, service / gRPC ceiling", 0.9, True, 0.5),
+        # floor: stream 100 / unary 80, over the ceiling's stream 200 / unary 100
+        ("T=16 fp32 c=16: stream/unary throughput, service / gRPC ceiling", 0.8333, False,
+         0.625),
+        ("T=1024 c=16 unary: bf16 / fp32 throughput", 1.6, True, None),
+        ("T=16 fp32 c=16: OIP ModelInfer / native unary throughput", 0.9, True, None),
+        ("T=1024 fp32 c=16: OIP ModelInfer / native unary throughput", 0.9, True, None),
+        ("T=1024 fp32 c=16: shm / gRPC ceiling throughput", 3.5, True, 1.0),
+        ("T=1024 c=16 shm: bf16/fp32 throughput, service / lookup floor", 0.8, False, None),
+        ("REST binary T=16 fp32 c=1: service / lookup floor throughput", 0.8, True, None),
+        ("REST binary T=16 fp32 c=16: service / lookup floor throughput", 0.79, False, None),
+        ("REST binary T=1024 fp32 c=16: service / lookup floor throughput", 0.95, True, None),
+        ("REST JSON T=16 fp32 c=16: service / REST ceiling throughput", 0.5, True, 0.4),
+        ("REST JSON T=16 fp32 c=16: service / JSON lookup floor throughput", 1.25, True,
+         None)]
     shorter = replace(cfg, modes=("unary",), backends=("ceiling", "service"))
     assert [t.name for t in targets(shorter, {c: reps[c] for c in cells(shorter)})] == [
         "T=1024 fp32 c=16 unary: service / gRPC ceiling throughput",
@@ -190,8 +198,11 @@ def test_rest_ceiling_and_floor_answer_the_services_own_bytes(
     assert _post(servers["floor"], "rest-T6-float32", body) == (200, want)
     assert _post(servers["ceiling"], "rest-T6-float32", body) == (200, want)
     json_body = rest_body(IDS, "float32", binary=False)
-    assert _post(servers["ceiling"], "json-T6-float32", json_body) == _post(
-        servers["service"], f"v2/models/{MODEL_NAME}/infer", json_body)
+    status, want_json = _post(servers["service"], f"v2/models/{MODEL_NAME}/infer", json_body)
+    assert status == 200
+    assert len(json.loads(want_json)["outputs"][0]["data"]) == len(IDS) * C
+    assert _post(servers["ceiling"], "json-T6-float32", json_body) == (200, want_json)
+    assert _post(servers["floor"], "json-T6-float32", json_body) == (200, want_json)
 
 
 def test_a_floor_whose_lookup_differs_from_the_service_refuses_to_serve(
@@ -202,3 +213,9 @@ def test_a_floor_whose_lookup_differs_from_the_service_refuses_to_serve(
     captured.put("rest-T6-bfloat16", replace(cell, body=bytes(wrong)))  # as a new point
     assert _post(servers["floor"], "rest-T6-bfloat16", b"{}") == (
         500, b"floor: /rest-T6-bfloat16 differs from the service's response")
+    cell = captured.get("/json-T6-float32")
+    answer = orjson.loads(cell.body)
+    answer["outputs"][0]["data"][-1] += 1.0  # the last value of the last row
+    captured.put("json-T6-bfloat16", replace(cell, body=orjson.dumps(answer)))
+    assert _post(servers["floor"], "json-T6-bfloat16", b"{}") == (
+        500, b"floor: /json-T6-bfloat16 differs from the service's response")
