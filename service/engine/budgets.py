@@ -274,6 +274,15 @@ class RestHold:
         """Hold ``nbytes``, waiting up to a second for room (then RESOURCE_EXHAUSTED)."""
         self.held = await self._slots.hold(self._slot, nbytes)
 
+    def settle(self, nbytes: int) -> None:
+        """The answer is built and is ``nbytes`` long: what was held past that (the size
+        was bounded from above before it was laid out: JSON numbers' widths) is free now,
+        so the budget counts the bytes waiting to be sent, not their bound."""
+        extra = self.held - nbytes
+        if extra > 0:
+            self.held = nbytes
+            self._slots.budgets.give_back(extra)
+
     def give_back(self) -> None:
         """The answer will not be sent by its holder: free its bytes now (once)."""
         held, self.held = self.held, 0

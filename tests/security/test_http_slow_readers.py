@@ -27,14 +27,22 @@ from tests.tiny_model import MAX_SEQ_LEN, start
 HTTP_AUTH = {"Authorization": f"Bearer {TOKEN}"}
 B = 512  # x 64 tokens x 128 x 4 B: a 16 MiB answer, far past what loopback buffers take
 ROWS = B * MAX_SEQ_LEN * WIDE_DIM * 4
-BOUND = ROWS + 24 * B * 2 + 4096  # what the server holds for it (RestReply.prepare)
+BOUND = ROWS + 24 * B * 2 + 4096  # what a request reserves first (RestReply.prepare)
 BIG_LIMITS = {"auth_token": TOKEN, "max_inputs_per_request": B,
               "max_tokens_per_request": B * MAX_SEQ_LEN}
 
 
-def big_body() -> bytes:
-    ids = np.random.default_rng(0).integers(0, 50257, (B, MAX_SEQ_LEN)).tolist()
-    return json.dumps({**infer_body(ids), "parameters": {"binary_data_output": True}}).encode()
+def big_body(binary: bool = True, b: int = B) -> bytes:
+    ids = np.random.default_rng(0).integers(0, 50257, (b, MAX_SEQ_LEN)).tolist()
+    return json.dumps({**infer_body(ids), "parameters": {"binary_data_output": binary}}).encode()
+
+
+def answer_length(port: int, body: bytes) -> int:
+    """The length of ``body``'s answer, read at once: what an unread one holds of the
+    budget once it is built (``RestHold.settle``), below the bound it reserved first."""
+    answer = request(port, "POST", "/v2/models/wide/infer", body, HTTP_AUTH)
+    assert answer.status == 200
+    return len(answer.body)
 
 
 def slow_client(port: int, body: bytes) -> socket.socket:
@@ -87,10 +95,10 @@ def read_at_last(slow: list[socket.socket], http: HttpFront, body: bytes) -> Non
     assert answers == [(200, again.body)] * len(slow)  # late, and exact
 
 
-def budget_full(budget: int) -> bytes:
-    """The 429 body of a large request while two unread answers hold the budget."""
+def budget_full(budget: int, held: int) -> bytes:
+    """The 429 body of a large request while unread answers hold ``held`` bytes."""
     return json.dumps({
-        "error": f"answers not yet taken by their clients hold {2 * BOUND} bytes; this "
+        "error": f"answers not yet taken by their clients hold {held} bytes; this "
                  f"one's {BOUND} would pass max_unsent_bytes={budget}; retry later"}).encode()
 
 
@@ -100,8 +108,10 @@ def test_unread_answers_hold_their_in_flight_slot(security_repo: Path) -> None:
         port, http = handle.http_port, handle.server.http
         assert http is not None
         body = big_body()
+        answer = answer_length(port, body)
+        assert answer < BOUND
         slow = [slow_client(port, body) for _ in range(2)]
-        wait_for(lambda: http.slots.inflight == 2 and http.budgets.held == 2 * BOUND)
+        wait_for(lambda: http.slots.inflight == 2 and http.budgets.held == 2 * answer)
         time.sleep(0.3)  # still held: nobody reads
         assert http.slots.inflight == 2
         refused = request(port, "POST", "/v2/models/tiny/infer", infer_body([[1]]), HTTP_AUTH)
@@ -127,10 +137,11 @@ def test_unread_answers_are_bounded_by_the_unsent_budget(security_repo: Path) ->
         baseline = [request(port, "POST", "/v2/models/tiny/infer", infer_body([[1, 2]]),
                             HTTP_AUTH) for _ in range(3)]  # warm
         assert all(r.status == 200 for r in baseline)
+        answer = answer_length(port, body)
         slow = [slow_client(port, body) for _ in range(2)]
-        wait_for(lambda: http.budgets.held == 2 * BOUND)
+        wait_for(lambda: http.budgets.held == 2 * answer)
         third = slow_client(port, body)
-        assert read_reply(third) == (429, budget_full(budget))
+        assert read_reply(third) == (429, budget_full(budget, 2 * answer))
         third.close()
         latencies = []
         for _ in range(10):
@@ -142,7 +153,7 @@ def test_unread_answers_are_bounded_by_the_unsent_budget(security_repo: Path) ->
         print(f"2 unread answers of {ROWS} B held; ordinary client median "
               f"{statistics.median(latencies) * 1e3:.1f} ms")
         assert statistics.median(latencies) < 0.5, latencies
-        wait_for(lambda: http.budgets.held == 2 * BOUND)  # the last small one given back
+        wait_for(lambda: http.budgets.held == 2 * answer)  # the last small one given back
         read_at_last(slow, http, body)
     finally:
         handle.stop()
@@ -163,8 +174,9 @@ def test_requests_waiting_for_budget_leave_their_slot_to_ordinary_clients(
         assert http is not None
         http.slots.wait_s = 4.0  # room for the checks below on a loaded machine
         body = big_body()
+        answer = answer_length(port, body)
         slow = [slow_client(port, body) for _ in range(2)]
-        wait_for(lambda: http.budgets.held == 2 * BOUND)
+        wait_for(lambda: http.budgets.held == 2 * answer)
         waiting = []
         for k in range(1, 5):  # one at a time: each holds a slot while its body is read
             waiting.append(slow_client(port, body))
@@ -173,7 +185,7 @@ def test_requests_waiting_for_budget_leave_their_slot_to_ordinary_clients(
         ordinary = request(port, "POST", "/v2/models/tiny/infer", infer_body([[1, 2]]),
                            HTTP_AUTH)
         assert ordinary.status == 200
-        full = budget_full(budget)
+        full = budget_full(budget, 2 * answer)
         t0 = time.monotonic()
         seventh = slow_client(port, body)
         assert read_reply(seventh) == (429, full)
@@ -185,5 +197,28 @@ def test_requests_waiting_for_budget_leave_their_slot_to_ordinary_clients(
             s.close()
         assert (http.slots.waiting, http.slots.inflight) == (0, 2)
         read_at_last(slow, http, body)
+    finally:
+        handle.stop()
+
+
+def test_an_unread_json_answer_holds_its_own_length_not_its_bound(security_repo: Path) -> None:
+    """A JSON answer's size is bounded before its numbers are printed (25 characters a
+    value); once printed, an unread one holds what it is: another that fits beside it in
+    what is left of the budget is served."""
+    b = 32  # x 64 tokens x 128 values: 262,144 numbers, about 5 MB of JSON
+    bound = b * MAX_SEQ_LEN * WIDE_DIM * 25 + 24 * b * 2 + 4096
+    handle = start(security_repo, max_concurrent_rpcs=8, max_unsent_bytes=2 * bound - 1,
+                   **BIG_LIMITS)
+    try:
+        port, http = handle.http_port, handle.server.http
+        assert http is not None
+        body = big_body(binary=False, b=b)
+        answer = answer_length(port, body)
+        assert answer < bound - 1 << 20  # the widths are under the bound by megabytes
+        slow = slow_client(port, body)
+        wait_for(lambda: http.budgets.held == answer)
+        second = slow_client(port, body)  # reserves its bound beside the first's length
+        wait_for(lambda: http.budgets.held == 2 * answer)
+        read_at_last([slow, second], http, body)
     finally:
         handle.stop()

@@ -96,9 +96,10 @@ class Endpoints:
         body = await read_body(request, self.max_body, call.deadline)
         infer = parse_infer(body, header_length(request), params["model"],
                             model_version(params.get("version", "")))
-        # The answer's bytes are held once it is admitted, before its output is allocated
-        # (past --max-unsent-bytes: a second's wait without the slot, then 429), and given
-        # back once sent.
+        # The answer's bytes are held once it is admitted, before its output is allocated,
+        # at their upper bound (past --max-unsent-bytes: a second's wait without the slot,
+        # then 429); settled to the answer's own length once it is built, and given back
+        # once sent.
         hold = RestHold(self.slots, request[SLOT])
         try:
             answer = await self.engine.embed(Request(
@@ -107,6 +108,7 @@ class Endpoints:
         except BaseException:
             hold.give_back()
             raise
+        hold.settle(len(answer.body))
         headers = (None if answer.header_length is None
                    else {HEADER_LENGTH: str(answer.header_length)})
         return BufferAnswer(answer.body, answer.content_type, headers, hold.held, self.budgets)
