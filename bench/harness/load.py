@@ -51,13 +51,14 @@ def rpc(channel: grpc.aio.Channel, method: str, request: Any, response: Any,
 
 @dataclass(frozen=True)
 class Measurement:
-    """Replies completed in a window of ``seconds``, each one's latency, and the server's
-    CPU seconds over the window (nan when not watched)."""
+    """Replies completed in a window of ``seconds``, each one's latency, the server's
+    CPU seconds over the window (nan when not watched), and the refusals retried in it."""
 
     requests: int
     seconds: float
     latencies_ns: tuple[int, ...]
     cpu_s: float = math.nan
+    refused: int = 0
 
 
 class Window:
@@ -68,6 +69,7 @@ class Window:
         self.end = self.start + int(duration_s * 1e9)
         self.latencies: list[int] = []
         self.cpu_s = math.nan
+        self.refused = 0  # "retry later" answers (HTTP 429), retried
 
     def done(self, sent: int) -> None:
         """A checked reply to a request sent at ``sent`` (perf_counter_ns)."""
@@ -91,7 +93,7 @@ async def measure(run: Callable[[Window], Coroutine[Any, Any, None]], warmup_s: 
         if pid is not None:
             tg.create_task(window.watch_cpu(pid))
     return Measurement(len(window.latencies), duration_s, tuple(window.latencies),
-                       window.cpu_s)
+                       window.cpu_s, window.refused)
 
 
 async def _closed_loops(window: Window, concurrency: int,
@@ -235,14 +237,21 @@ async def grpc_load(window: Window, target: str, mode: str, requests: list[pb.Em
 async def http_load(window: Window, url: str, body: bytes, concurrency: int,
                     min_bytes: int) -> None:
     """``concurrency`` keep-alive clients POSTing ``body`` to ``url``; each answer must be
-    200 with at least ``min_bytes`` bytes."""
+    200 with at least ``min_bytes`` bytes. A 429 ("retry later": the answers in flight
+    hold the server's unsent-answer budget) is retried, as a client would, and counted;
+    the reply's latency runs from the first try."""
     import aiohttp  # the REST client: only the REST cells need it
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         async def one(k: int, i: int) -> None:
-            async with session.post(url, data=body) as response:
-                data = await response.read()
+            while True:
+                async with session.post(url, data=body) as response:
+                    data = await response.read()
+                if response.status != 429:
+                    break
+                window.refused += 1
+                await asyncio.sleep(0.01)
             if response.status != 200 or len(data) < min_bytes:
                 raise RuntimeError(f"{url}: HTTP {response.status}, {len(data)} bytes: "
                                    f"{data[:300]!r}")

@@ -12,7 +12,14 @@ from collections.abc import Sequence
 import numpy as np
 from aiohttp import web
 
-from bench.servers.host import Captured, reference_args, reply_fields, reply_handler, serve_forever
+from bench.servers.host import (
+    Captured,
+    reference_args,
+    reply_fields,
+    reply_handler,
+    respond,
+    serve_forever,
+)
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["CeilingPayloads", "main"]
@@ -51,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         await request.read()
         assert captured is not None
         cell = captured.get(request.path)
-        return web.Response(body=cell.body, headers=cell.headers)
+        return await respond(request, cell.body, cell.headers)
 
     serve_forever("ceiling", args.port, [reply_handler("embedding.v1.EmbeddingService",
                                                        payloads.reply)],

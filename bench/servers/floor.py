@@ -34,6 +34,7 @@ from bench.servers.host import (
     reference_args,
     reply_fields,
     reply_handler,
+    respond,
     serve_forever,
 )
 from genproto.embedding.v1 import embedding_pb2 as pb
@@ -185,9 +186,10 @@ def rest_handler(lookup: Lookup, captured: Captured) -> HttpHandler:
         if isinstance(p, str):
             return web.Response(status=500, text=p)
         answer, headers = p
-        return web.Response(body=answer(), headers=headers)
+        return await respond(request, answer(), headers)
 
     return handle
+
 
 
 def _json_answer(lookup: Lookup, body: bytes, ids: list[int],

@@ -22,9 +22,10 @@ from bench.harness.launch import MAX_MESSAGE_BYTES
 from genproto.embedding.v1 import embedding_pb2 as pb
 
 __all__ = ["Captured", "CapturedCell", "HttpHandler", "reference_args", "reply_fields",
-           "reply_handler", "serve_forever"]
+           "reply_handler", "respond", "serve_forever"]
 
 HttpHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+_SLICE = 1 << 20  # a REST body's bytes handed to the transport at once, as the service's
 
 
 def reply_fields(T: int) -> pb.EmbedResponse:
@@ -53,6 +54,29 @@ def reply_handler(service: str, reply: Callable[[pb.EmbedRequest], bytes]
         "EmbedStream": grpc.stream_stream_rpc_method_handler(
             embed_stream, request_deserializer=pb.EmbedRequest.FromString),
     })
+
+
+async def respond(request: web.BaseRequest, body: bytes,
+                  headers: dict[str, str]) -> web.StreamResponse:
+    """A reference server's REST answer, sent as the service sends one: a small body with
+    its headers in one write; a large one in views of ``_SLICE`` bytes, the headers with
+    the first (``web.Response`` would join the headers and the whole body into a new
+    buffer, and the transport copy what the socket does not take at once: a reference
+    paying those would bound nothing)."""
+    if len(body) <= _SLICE:
+        return web.Response(body=body, headers=headers)
+    response = _Sliced(headers=headers)
+    response.content_length = len(body)
+    await response.prepare(request)
+    view = memoryview(body)
+    for at in range(0, len(view), _SLICE):
+        await response.write(view[at:at + _SLICE])
+    await response.write_eof()
+    return response
+
+
+class _Sliced(web.StreamResponse):
+    _send_headers_immediately = False  # the headers leave with the first slice
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ def _summary(m: Measurement, cell: Cell, dim: int) -> dict[str, float]:
     return {"req_s": req_s, "tokens_s": req_s * cell.T, "mb_s": req_s * cell.T * dim * per / 1e6,
             "p50_ms": percentile(m.latencies_ns, 0.5) / 1e6,
             "p99_ms": percentile(m.latencies_ns, 0.99) / 1e6,
-            "cpu_us": m.cpu_s / m.requests * 1e6}
+            "cpu_us": m.cpu_s / m.requests * 1e6, "refused": m.refused}
 
 
 def targets(cfg: BenchConfig, reps: dict[Cell, list[dict[str, float]]]) -> list[Target]:
@@ -269,9 +269,11 @@ def _table(rows: list[dict[str, Any]]) -> str:
         m = r["median"]
         ratios = " ".join("-".rjust(w) if r.get(k) is None else f"{r[k]:>{w}.2f}"
                           for k, w in _RATIOS)
+        refused = sum(round_["refused"] for round_ in r["rounds"])
         lines.append(f"{r['mode']:6} {r['T']:>5} {r['dtype']:8} {r['c']:>3} {r['backend']:8} "
                      f"{m['req_s']:>9.1f} {m['mb_s']:>8.1f} {m['p50_ms']:>8.3f} "
-                     f"{m['p99_ms']:>8.3f} {m['cpu_us']:>7.0f} {ratios}")
+                     f"{m['p99_ms']:>8.3f} {m['cpu_us']:>7.0f} {ratios}"
+                     + (f"  ({refused} x 429 retried)" if refused else ""))
     return "\n".join(lines)
 
 

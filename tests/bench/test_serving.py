@@ -219,3 +219,38 @@ def test_a_floor_whose_lookup_differs_from_the_service_refuses_to_serve(
     captured.put("json-T6-bfloat16", replace(cell, body=orjson.dumps(answer)))
     assert _post(servers["floor"], "json-T6-bfloat16", b"{}") == (
         500, b"floor: /json-T6-bfloat16 differs from the service's response")
+
+
+def test_the_references_send_a_large_body_in_slices_whole() -> None:
+    """A reference server's body past one slice leaves as the service sends one (views of
+    1 MiB, the headers with the first): the client reads every byte and the headers as
+    given."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from bench.servers.host import respond
+
+    body = bytes(range(256)) * (3 * 4096 + 7)  # 3 MiB and change: four slices
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()
+        return await respond(request, body, {"Content-Type": "application/octet-stream",
+                                                  "Inference-Header-Content-Length": "9"})
+
+    async def scenario() -> tuple[int, dict[str, str], bytes]:
+        server = await asyncio.get_running_loop().create_server(
+            web.Server(handle, access_log=None), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with aiohttp.ClientSession() as session, session.post(
+                    f"http://127.0.0.1:{port}/x", data=b"{}") as r:
+                return r.status, dict(r.headers), await r.read()
+        finally:
+            server.close()
+
+    status, headers, got = asyncio.run(scenario())
+    assert (status, got) == (200, body)
+    assert (headers["Content-Length"], headers["Inference-Header-Content-Length"]) == (
+        str(len(body)), "9")
