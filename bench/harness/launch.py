@@ -6,6 +6,7 @@ SERVING and stops here; and what /proc says of it (CPU time, memory, workers).
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -24,8 +25,9 @@ __all__ = ["GLIBC_TUNABLES", "MAX_MESSAGE_BYTES", "ROOT", "ServerProcess", "cpu_
 ROOT = Path(__file__).resolve().parents[2]
 # The service's default --max-message-bytes: every reference server and client here uses it.
 MAX_MESSAGE_BYTES = 64 << 20
-# Kept equal to scripts/serve.sh's default.
-GLIBC_TUNABLES = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=536870912"
+# scripts/serve.sh's default, read from it: the service runs as it is deployed.
+GLIBC_TUNABLES = re.search(r'GLIBC_TUNABLES:-([^}"]+)',
+                           (ROOT / "scripts" / "serve.sh").read_text()).group(1)  # type: ignore[union-attr]
 
 
 @dataclass
