@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # The service's default --max-message-bytes: every reference server and client here uses it.
 MAX_MESSAGE_BYTES = 64 << 20
 # scripts/serve.sh's default, read from it: the service runs as it is deployed.
-GLIBC_TUNABLES = re.search(r'GLIBC_TUNABLES:-([^}"]+)',
-                           (ROOT / "scripts" / "serve.sh").read_text()).group(1)  # type: ignore[union-attr]
+_SERVE_SH = re.search(r'GLIBC_TUNABLES:-([^}"]+)', (ROOT / "scripts" / "serve.sh").read_text())
+assert _SERVE_SH is not None, "scripts/serve.sh sets no default GLIBC_TUNABLES"
+GLIBC_TUNABLES = _SERVE_SH.group(1)
 
 
 @dataclass

@@ -191,7 +191,6 @@ def rest_handler(lookup: Lookup, captured: Captured) -> HttpHandler:
     return handle
 
 
-
 def _json_answer(lookup: Lookup, body: bytes, ids: list[int],
                  dtype: torch.dtype) -> Callable[[], bytes]:
     """The service's JSON answer for ``ids``, rows looked up anew each call: its header
