@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -59,56 +60,59 @@ class _HistogramChild:
         self.sum += value
 
 
-class _LoopMetric(Collector):
+Child = TypeVar("Child", _CounterChild, _HistogramChild)
+
+
+class _LoopMetric(Collector, Generic[Child]):
     """Children per label tuple; unlabelled metrics export zeros from the start."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
                  registry: CollectorRegistry) -> None:
         self.name, self.documentation = name, documentation
         self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], object] = {}
+        self._children: dict[tuple[str, ...], Child] = {}
         if not self.labelnames:
             self._children[()] = self._new_child()
         registry.register(self)
 
-    def _new_child(self) -> object:
+    def _new_child(self) -> Child:
         raise NotImplementedError
 
-    def _labels(self, values: tuple[str, ...]) -> object:
-        child = self._children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-            child = self._children[values] = self._new_child()
+    def labels(self, *values: str) -> Child:
+        """The child for these label values (created on first use)."""
+        # One call, not two: several of these run per request.
+        return self._children.get(values) or self._add(values)
+
+    def _add(self, values: tuple[str, ...]) -> Child:
+        """The child for label values seen for the first time."""
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+        child = self._children[values] = self._new_child()
         return child
 
-    def _snapshot(self) -> list[tuple[tuple[str, ...], object]]:
+    def _snapshot(self) -> list[tuple[tuple[str, ...], Child]]:
         return list(self._children.items())  # the dict may grow while a scrape reads it
 
 
-class LoopCounter(_LoopMetric):
+class LoopCounter(_LoopMetric[_CounterChild]):
     """A counter updated from the event loop; exported as ``<name>_total``."""
 
     def _new_child(self) -> _CounterChild:
         return _CounterChild()
 
-    def labels(self, *values: str) -> _CounterChild:
-        """The child for these label values (created on first use)."""
-        return self._labels(values)  # type: ignore[return-value]
-
     def inc(self, amount: float = 1.0) -> None:
         """Add to the unlabelled counter."""
-        self.labels().inc(amount)
+        self._children[()].value += amount
 
     def collect(self) -> Iterator[Metric]:
         """One counter family (the registry's scrape)."""
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, child in self._snapshot():
-            family.add_metric(values, child.value)  # type: ignore[attr-defined]
+            family.add_metric(values, child.value)
         yield family
 
 
-class LoopHistogram(_LoopMetric):
+class LoopHistogram(_LoopMetric[_HistogramChild]):
     """A histogram updated from the event loop, with fixed upper bounds."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
@@ -120,24 +124,23 @@ class LoopHistogram(_LoopMetric):
     def _new_child(self) -> _HistogramChild:
         return _HistogramChild(self.bounds)
 
-    def labels(self, *values: str) -> _HistogramChild:
-        """The child for these label values (created on first use)."""
-        return self._labels(values)  # type: ignore[return-value]
-
     def observe(self, value: float) -> None:
-        """Observe into the unlabelled histogram."""
-        self.labels().observe(value)
+        """Observe into the unlabelled histogram (the child's ``observe``, inlined: three
+        of these run per request)."""
+        child = self._children[()]
+        child.counts[bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        child.sum += value
 
     def collect(self) -> Iterator[Metric]:
         """One histogram family with cumulative buckets (the registry's scrape)."""
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, child in self._snapshot():
-            counts = list(child.counts)  # type: ignore[attr-defined]
+            counts = list(child.counts)
             cumulative, buckets = 0, []
             for le, n in zip(self._le, counts):
                 cumulative += n
                 buckets.append((le, float(cumulative)))
-            family.add_metric(values, buckets, child.sum)  # type: ignore[attr-defined]
+            family.add_metric(values, buckets, child.sum)
         yield family
 
 
