@@ -74,8 +74,8 @@ def parameters(values: Mapping[str, Any]) -> dict[str, Any]:
     already taken out)."""
     known = _KNOWN
     raw = {k: v for k, v in values.items() if k not in _IGNORED}
-    unknown = sorted(set(raw) - known)
-    if unknown:
+    if not raw.keys() <= known:
+        unknown = sorted(set(raw) - known)
         shown = ", ".join(quote(name, 32) for name in unknown[:4])
         more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
         raise InvalidArgument(f"parameters [{shown}]{more} are not known; this model takes "
@@ -85,18 +85,22 @@ def parameters(values: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidArgument(f"parameters['start_position']={quote(start, 32)} must be an "
                               f"integer "
                               f"in [0, {_MAX_START}]")
+    # An absent parameter takes its default without the checks a given one needs.
     return {"start_position": start,
-            "compose": _choice(raw, "compose", _COMPOSE, "token_plus_position"),
-            "truncate": _choice(raw, "truncate", _TRUNCATE, "none"),
-            "allow_special_tokens": _flag(raw, "allow_special_tokens"),
+            "compose": (_choice(raw, "compose", _COMPOSE) if "compose" in raw
+                        else pb.COMPOSE_TOKEN_PLUS_POSITION),
+            "truncate": (_choice(raw, "truncate", _TRUNCATE) if "truncate" in raw
+                         else pb.TRUNCATE_NONE),
+            "allow_special_tokens": ("allow_special_tokens" in raw
+                                     and _flag(raw, "allow_special_tokens")),
             # None (absent): the model's default, as AutoTokenizer applies it
             "add_special_tokens": (None if "add_special_tokens" not in raw
                                    else _flag(raw, "add_special_tokens")),
             "datatype": raw.get("datatype")}
 
 
-def _choice(raw: dict[str, Any], name: str, choices: dict[str, int], default: str) -> int:
-    value = raw.get(name, default)
+def _choice(raw: dict[str, Any], name: str, choices: dict[str, int]) -> int:
+    value = raw[name]
     if not isinstance(value, str) or value.lower() not in choices:
         raise InvalidArgument(f"parameters[{name!r}]={quote(value, 32)} must be one of "
                               f"{sorted(choices)}")
@@ -180,18 +184,21 @@ def read_input(request: oip.ModelInferRequest, start_position: int) -> Inputs:
 
 
 def read_tensor(name: str, datatype: str, shape: Sequence[int], start_position: int, *,
-                raw: bytes | None = None, ints: Sequence[int] = (),
-                texts: Sequence[bytes] = ()) -> Inputs:
+                raw: bytes | None = None, ints: Sequence[int] | np.ndarray = (),
+                texts: Sequence[bytes] = (), raw_field: str = "raw_input_contents",
+                ints_field: str = "contents") -> Inputs:
     """The sequences of one input tensor, from its binary form (``raw``) or else its typed
-    values (``ints`` for ids, ``texts`` for UTF-8 strings).
+    values (``ints`` for ids, flat; ``texts`` for UTF-8 strings). Messages name ``raw`` and
+    ``ints`` as the client's wire does (gRPC's ``raw_input_contents`` and ``contents`` by
+    default).
 
     The declared shape is checked against the values here, in O(1); the sequences are
     built only when admission reads them, after it has checked B against its limit.
     """
     if name == "input_ids":
-        return _ids(datatype, shape, raw, ints, start_position)
+        return _ids(datatype, shape, raw, ints, start_position, raw_field, ints_field)
     if name == "text":
-        return _texts(datatype, shape, raw, texts, start_position)
+        return _texts(datatype, shape, raw, texts, start_position, raw_field)
     raise InvalidArgument(f"input {quote(name)} is not an input of this model "
                           f"(inputs: input_ids, text)")
 
@@ -208,8 +215,9 @@ def _shape(declared: Sequence[int], name: str, expected: str,
     return shape
 
 
-def _ids(datatype: str, shape: Sequence[int], raw: bytes | None, ints: Sequence[int],
-         start_position: int) -> Inputs:
+def _ids(datatype: str, shape: Sequence[int], raw: bytes | None,
+         ints: Sequence[int] | np.ndarray, start_position: int, raw_field: str,
+         ints_field: str) -> Inputs:
     dt = _ID_TYPES.get(datatype)
     if dt is None:
         raise InvalidArgument(f"input 'input_ids' has datatype {quote(datatype, 16)}; "
@@ -219,17 +227,17 @@ def _ids(datatype: str, shape: Sequence[int], raw: bytes | None, ints: Sequence[
     if raw is not None:
         if len(raw) != count * dt.itemsize:
             raise InvalidArgument(f"input 'input_ids' {datatype} [{B}, {T}] needs "
-                                  f"{count * dt.itemsize} bytes of raw_input_contents; got "
+                                  f"{count * dt.itemsize} bytes of {raw_field}; got "
                                   f"{len(raw)}")
     elif len(ints) != count:
         raise InvalidArgument(f"input 'input_ids' [{B}, {T}] needs {count} values in "
-                              f"contents; got {len(ints)}")
+                              f"{ints_field}; got {len(ints)}")
 
     def build() -> list[Input]:
         if raw is not None:
             ids = np.frombuffer(raw, dtype=dt).astype(np.int64).reshape(B, T)
         else:
-            ids = np.array(ints, dtype=np.int64).reshape(B, T)
+            ids = np.asarray(ints, dtype=np.int64).reshape(B, T)  # REST's array: no copy
         return [Input(f"input_ids[{b}]", ids=ids[b], start_position=start_position,
                       value_field=f"input_ids[{b}]") for b in range(B)]
 
@@ -237,7 +245,7 @@ def _ids(datatype: str, shape: Sequence[int], raw: bytes | None, ints: Sequence[
 
 
 def _texts(datatype: str, declared: Sequence[int], raw: bytes | None,
-           texts: Sequence[bytes], start_position: int) -> Inputs:
+           texts: Sequence[bytes], start_position: int, raw_field: str) -> Inputs:
     if datatype != "BYTES":
         raise InvalidArgument(f"input 'text' has datatype {quote(datatype, 16)}; "
                               f"expected BYTES")
@@ -248,11 +256,11 @@ def _texts(datatype: str, declared: Sequence[int], raw: bytes | None,
     if raw is None and len(texts) != B:
         raise InvalidArgument(f"input 'text' {shape} needs {B} strings; got {len(texts)}")
     if raw is not None and len(raw) < 4 * B:  # each element has a 4-byte length
-        raise InvalidArgument(f"input 'text' {shape} needs {B} strings; raw_input_contents "
+        raise InvalidArgument(f"input 'text' {shape} needs {B} strings; {raw_field} "
                               f"has {len(raw)} bytes, fewer than their {4 * B} length bytes")
 
     def build() -> list[Input]:
-        items = _split_bytes(raw, B) if raw is not None else list(texts)
+        items = _split_bytes(raw, B, raw_field) if raw is not None else list(texts)
         if len(items) != B:
             raise InvalidArgument(f"input 'text' {shape} needs {B} strings; got {len(items)}")
         inputs = []
@@ -269,17 +277,17 @@ def _texts(datatype: str, declared: Sequence[int], raw: bytes | None,
     return Inputs(B, build)
 
 
-def _split_bytes(raw: bytes, count: int) -> list[bytes]:
+def _split_bytes(raw: bytes, count: int, field: str) -> list[bytes]:
     """Triton's raw BYTES layout: each element a 4-byte little-endian length, then data."""
     items: list[bytes] = []
     at = 0
     while at < len(raw):
         if at + 4 > len(raw):
-            raise InvalidArgument("input 'text': raw_input_contents ends inside a length")
+            raise InvalidArgument(f"input 'text': {field} ends inside a length")
         (n,) = struct.unpack_from("<I", raw, at)
         if at + 4 + n > len(raw):
             raise InvalidArgument(f"input 'text'[{len(items)}]: length {n} runs past the end "
-                                  f"of raw_input_contents")
+                                  f"of {field}")
         items.append(raw[at + 4: at + 4 + n])
         at += 4 + n
         if len(items) > count:

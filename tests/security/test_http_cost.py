@@ -54,8 +54,8 @@ CASES: dict[str, tuple[Callable[[int], bytes], Callable[[int], str]]] = {
     "text [B, 1], one string": (lambda b: texts([b, 1], [["hi"]]),
                                 lambda b: f"input 'text' [{b}, 1] needs {b} strings; got 1"),
     "input_ids [B, 1], one id": (lambda b: ids([b, 1], [1]),
-                                 lambda b: f"input 'input_ids' INT64 [{b}, 1] needs {8 * b} "
-                                           f"bytes of raw_input_contents; got 8"),
+                                 lambda b: f"input 'input_ids' [{b}, 1] needs {b} values in "
+                                           f"data; got 1"),
     "text [B, 0]": (lambda b: texts([b, 0], []),
                     lambda b: f"input 'text' has shape [{b}, 0]; expected [B] (or [B, 1]) "
                               f"with every dimension >= 1"),

@@ -58,7 +58,7 @@ def expect(port: int, body: dict[str, object], status: int, message: str,
                      "'text' [B] (BYTES)"),
     ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 3],
                   "data": [1, 2]}]},
-     "input 'input_ids' INT64 [1, 3] needs 24 bytes of raw_input_contents; got 16"),
+     "input 'input_ids' [1, 3] needs 3 values in data; got 2"),
     ({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 1],
                   "data": [1.5]}]}, "input 'input_ids': INT64 data must be integers (a flat "
                                     "list, or nested lists of one shape)"),

@@ -119,6 +119,29 @@ def test_binary_input_ids(server: ServerHandle, native: pb_grpc.EmbeddingService
     assert [o["name"] for o in header["outputs"]] == ["embeddings", "sequence_lengths"]
 
 
+@pytest.mark.parametrize(("name", "datatype", "shape", "raw", "message"), [
+    ("input_ids", "INT64", [2, 5], np.arange(9, dtype="<i8").tobytes(),
+     "input 'input_ids' INT64 [2, 5] needs 80 bytes of binary data; got 72"),
+    ("text", "BYTES", [2], b"\x01\x00\x00",
+     "input 'text' [2] needs 2 strings; binary data has 3 bytes, fewer than their 8 length "
+     "bytes"),
+    ("text", "BYTES", [2], struct.pack("<I", 2) + b"hi" + b"\x05\x00",
+     "input 'text': binary data ends inside a length"),
+    ("text", "BYTES", [1], struct.pack("<I", 9) + b"hi",
+     "input 'text'[0]: length 9 runs past the end of binary data"),
+])
+def test_binary_input_messages_name_the_rest_field(server: ServerHandle, name: str,
+                                                   datatype: str, shape: list[int],
+                                                   raw: bytes, message: str) -> None:
+    """A binary input's refusal names what a REST client sent (its binary data), not the
+    gRPC form's raw_input_contents."""
+    head = json.dumps({"inputs": [{"name": name, "shape": shape, "datatype": datatype,
+                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    reply = request(server.http_port, "POST", "/v2/models/tiny/infer", head + raw,
+                    {"Inference-Header-Content-Length": str(len(head))})
+    assert (reply.status, reply.json()) == (400, {"error": message})
+
+
 def test_ragged_text_binary_in_and_out(server: ServerHandle,
                                        native: pb_grpc.EmbeddingServiceStub) -> None:
     texts = [b"hello world", "caf\u00e9 \u2603".encode()]
