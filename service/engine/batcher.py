@@ -167,7 +167,7 @@ class Batcher:
             result = e
         if self._on_batch is not None:
             self._on_batch(job.tokens, 1, (time.perf_counter_ns() - start_ns) / 1e9,
-                           job.tables.device.type)
+                           job.tables.device_type)
         if isinstance(result, BaseException):
             raise result
         return result
@@ -236,7 +236,7 @@ class Batcher:
         thread) and pass its results through."""
         if self._on_batch is not None:
             self._on_batch(batch[0].batch_tokens, len(batch), seconds,
-                           batch[0].tables.device.type)
+                           batch[0].tables.device_type)
         return results
 
     def _compute_batch(self, batch: list[Job]) -> tuple[list[Any], float]:

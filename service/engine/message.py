@@ -137,7 +137,8 @@ class MessageBuffer:
         self.data: bytes = _new_bytes(None, total)  # fresh, uninitialised, ours alone
         address = _bytes_address(self.data)
         ctypes.memmove(address, head, len(head))
-        ctypes.memmove(address + len(head) + nbytes, tail, len(tail))
+        if tail:  # a REST answer of the rows alone has none
+            ctypes.memmove(address + len(head) + nbytes, tail, len(tail))
         self._timing_at = address + total - timing
         self._timing_tag = timing_tag
         if nbytes == 0:  # numpy refuses no memory at an address

@@ -93,6 +93,7 @@ class EmbeddingTables:
         """``table_dtype`` None keeps the stored dtype; ``token_max_abs``: the stored
         table's largest |value| when the loader already read it."""
         self.device = device
+        self.device_type = device.type  # "cpu", "cuda": a str, read per batch for metrics
         dtype = table_dtype or token_table.dtype
         self.dim = int(token_table.shape[1])  # width of the token rows
         # The loaded buffer already is the table: .to() is a no-op for same device and dtype.
@@ -217,6 +218,12 @@ class EmbeddingTables:
         and the scratch stays in cache until it is copied out. Rows are elementwise sums,
         so every path gives the same bits.
         """
+        # The kernel first: it is loaded only for fp32 tables on CPU without rules, where
+        # none of the next three paths applies (and the common case skips their checks).
+        if self._kernel is not None and all(p[2].is_contiguous() for p in parts):
+            for ids, spans, out in parts:
+                self._embed_kernel(self._kernel, ids, spans, compose, out)
+            return
         if self._rules is not None:
             self._embed_rules(parts, compose)
             return
@@ -229,10 +236,6 @@ class EmbeddingTables:
                 and all(p[2].dtype == self.token_table.dtype for p in parts)):
             for ids, _, out in parts:  # rows already in the wire dtype: gather straight in
                 torch.index_select(self.token_table, 0, ids, out=out)  # (N, dim)
-            return
-        if self._kernel is not None and all(p[2].is_contiguous() for p in parts):
-            for ids, spans, out in parts:
-                self._embed_kernel(self._kernel, ids, spans, compose, out)
             return
         if len(parts) > 1 and (n := sum(int(p[0].shape[0]) for p in parts)) <= SHARED_GATHER_ROWS:
             ids = torch.cat([p[0] for p in parts])  # (N,)

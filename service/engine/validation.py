@@ -68,6 +68,8 @@ _VALID = tuple(frozenset(e.DESCRIPTOR.values_by_number) for e, _ in _ENUMS)
 
 def check_options(compose: int, dtype: int, truncate: int) -> None:
     """``check_enum`` of a request's compose, dtype and truncate (one set lookup each)."""
+    if compose in _VALID[0] and dtype in _VALID[1] and truncate in _VALID[2]:
+        return
     for value, valid, (enum, field) in zip((compose, dtype, truncate), _VALID, _ENUMS):
         if value not in valid:
             check_enum(value, enum, field)
