@@ -40,9 +40,9 @@ class BufferAnswer(web.StreamResponse):
 
     def __init__(self, body: bytes, content_type: str, headers: dict[str, str] | None = None,
                  held: int = 0, budgets: Any = None) -> None:
-        super().__init__(headers=headers)
-        self.content_type = content_type
-        self.content_length = len(body)
+        # The type and length as plain headers: aiohttp's setters parse what they set.
+        super().__init__(headers={**(headers or {}), "Content-Type": content_type,
+                                  "Content-Length": str(len(body))})
         self._payload = body
         self._held = held
         self._budgets = budgets
@@ -51,13 +51,17 @@ class BufferAnswer(web.StreamResponse):
         """Headers, then the buffer; returns once the transport holds at most its
         high-water mark of it (a client that does not read keeps this waiting)."""
         await self.prepare(request)
-        view = memoryview(self._payload)
-        self._payload = b""
+        body, self._payload = self._payload, b""
+        if len(body) <= self.HEAD:  # headers and body joined: one write, and the end
+            await self.write_eof(body)
+            return
+        view = memoryview(body)
         # The headers leave with the first HEAD bytes (aiohttp joins those two: a copy of
         # at most HEAD bytes, and one packet, not a lone header packet), then the rest.
         await self.write(view[:self.HEAD])
         for at in range(self.HEAD, len(view), self.SLICE):
             await self.write(view[at:at + self.SLICE])
+        await self.write_eof()
 
     def release(self) -> None:
         """Give the held bytes back (once)."""
@@ -72,8 +76,9 @@ async def send(request: web.BaseRequest, response: web.StreamResponse) -> None:
     try:
         if isinstance(response, BufferAnswer):
             await response.send(request)
-        await response.prepare(request)
-        await response.write_eof()
+        else:
+            await response.prepare(request)
+            await response.write_eof()
     except ConnectionError:
         pass
 
