@@ -2,13 +2,22 @@
 
 ``python -m bench --suites profile`` (``make profile``): the service alone, as ``make bench``
 starts it, driven at T=16 fp32 over each wire (gRPC ``unary``, OIP ``oip``, REST binary
-``rest`` and JSON ``json``) at each concurrency, while ``py-spy`` samples every thread of it
-from outside (``--nonblocking``: never paused). A sample whose innermost frame is the event
-loop waiting (``select``) is idle and not counted; one whose innermost frame is in a
-transport library (grpcio, aiohttp, asyncio, the socket) is the transport's, as is one with
-no frame of the service; any other is charged to the innermost frame of the service's own
-code on its stack, by module (``STAGES``). A stage's share times the server's CPU per reply
-(from /proc, over the same window) is that stage's microseconds per reply.
+``rest`` and JSON ``json``) at each concurrency. Each cell runs twice: once alone, for the
+server's CPU per reply (from /proc), and once while ``py-spy`` samples every thread of it
+from outside, for the shares. A sample whose innermost frame is the event loop waiting
+(``select``) is idle, as is one of another thread with no frame of the service (a pool's
+worker or grpcio's poller waiting): neither is counted. One whose innermost frame is in a
+transport library (grpcio, aiohttp, asyncio, the socket) is the transport's, as is one on
+the loop with no frame of the service; any other is charged to the innermost frame of the
+service's own code on its stack, by module (``STAGES``). A stage's share times the CPU per
+reply of the unsampled run is that stage's microseconds per reply.
+
+py-spy pauses the server for each sample (its default): a sample read without pausing
+(``--nonblocking``) is dropped when the stack changed under the read, which happens to a
+thread running Python and not to one waiting in a system call, so those samples charged a
+socket send several times its cost (about 60 % of the loop's samples at REST c=16, where
+``perf`` puts all the server's kernel time at 13 %). Pausing slows the server while it is
+sampled, hence the separate run for the CPU figure, and the low rate.
 """
 
 from __future__ import annotations
@@ -57,15 +66,20 @@ TRANSPORT = "transport"
 ORDER = [name for name, _ in STAGES] + [TRANSPORT]
 _TRANSPORT_LIBS = ("grpc/", "aiohttp/", "asyncio/", "selectors.py", "socket.py", "ssl.py")
 _IDLE = ("select (selectors.py", "EpollSelector.select (")  # the loop waiting for work
-_RATE = 1000  # samples per second per thread
+_LOOP = "_run_once ("  # a frame of the event loop's thread at work
+_SERVICE = "service/"  # a frame of the service's own code
+_RATE = 200  # samples per second: each pauses the server
 
 
 def stage_of(stack: str) -> str | None:
     """The stage of one collapsed stack (``outer;...;inner``, each frame ``fn (file:line)``);
-    None for the loop waiting for work."""
+    None for the loop waiting for work, or another thread waiting (no frame of the
+    service's)."""
     frames = stack.split(";")
     leaf = frames[-1]
     if leaf.startswith(_IDLE):
+        return None
+    if _LOOP not in stack and _SERVICE not in stack:
         return None
     if any(lib in leaf for lib in _TRANSPORT_LIBS):
         return TRANSPORT
@@ -89,17 +103,19 @@ def tally(raw: str) -> dict[str, int]:
 
 def _profile(cfg: BenchConfig, cell: Cell, server: Any, ids: dict[int, list[list[int]]],
              out: Path) -> dict[str, Any]:
-    """One cell measured while py-spy samples the server; its stages."""
+    """One cell measured alone, then again while py-spy samples the server; its stages."""
+    m = measure_cell(cfg, cell, server, ids)
+    cfg = replace(cfg, duration_s=2 * cfg.duration_s)  # the sampled run: more samples
     seconds = int(cfg.warmup_s + cfg.duration_s + 1)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
         raise RuntimeError("profile: py-spy is not installed (make setup installs it)")
     spy = subprocess.Popen([py_spy, "record", "--pid", str(server.proc.pid), "--rate",
-                            str(_RATE), "--duration", str(seconds), "--nonblocking",
+                            str(_RATE), "--duration", str(seconds),
                             "--format", "raw", "--output", str(out)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        m = measure_cell(cfg, cell, server, ids)
+        measure_cell(cfg, cell, server, ids)
     finally:
         _, err = spy.communicate(timeout=seconds + 60)
     if spy.returncode != 0 or not out.exists():

@@ -1,6 +1,7 @@
-"""bench.suites.profile's attribution: an idle sample is not counted, one inside a transport
-library is the transport's, any other goes to the innermost frame of the service's own code
-on its stack, by module, and to "transport" when there is none."""
+"""bench.suites.profile's attribution: an idle sample (the loop waiting, or another thread
+with no frame of the service) is not counted, one inside a transport library is the
+transport's, any other goes to the innermost frame of the service's own code on its stack,
+by module, and to "transport" when the loop runs none."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ _EMBED = "embed (/srv/service/engine/engine.py:97)"
     (f"{_LOOP};select (selectors.py:468)", None),  # idle: not counted
     (f"{_LOOP};EpollSelector.select (selectors.py:468)", None),
     (f"{_LOOP};_grpc_unary (grpc/_cython/cygrpc.pyx:1)", TRANSPORT),
+    # Another thread waiting (py-spy pauses the server, so it reports every thread):
+    ("Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982);"
+     "_worker (concurrent/futures/thread.py:81)", None),  # a pool's idle worker
+    ("Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982)", None),  # grpcio
+    # ... but a worker running the service's code is at work:
+    ("Thread.run (threading.py:982);_worker (concurrent/futures/thread.py:83);"
+     "_compute_batch (/srv/service/engine/batcher.py:250);"
+     "embed_into (/srv/service/engine/tables.py:220)", "lookup"),
     (f"{_LOOP};{_FRAME}", "frame"),
     (f"{_LOOP};{_FRAME};inc (/srv/service/metrics.py:44)", "metrics"),
     (f"{_LOOP};{_FRAME};resolve (/srv/service/rpc/identity.py:80)", "auth"),
