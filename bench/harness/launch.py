@@ -46,11 +46,20 @@ class ServerProcess:
         return self.log.read_text(errors="replace")[-3000:]
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process: never given twice
+
+
 def free_port() -> int:
-    """A port nothing listens on right now (bound to 0, read, released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on right now (bound to 0, read, released), and not one this
+    process handed out before: the kernel may give a released port again at once, and two
+    servers launched on the same port before either binds it would collide."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def service_argv(repo: Path, port: int, *extra: str, http_port: int = -1,

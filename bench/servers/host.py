@@ -131,12 +131,19 @@ def serve_forever(name: str, port: int, handlers: list[grpc.GenericRpcHandler],
     """Serve ``handlers`` on 127.0.0.1:``port`` (and ``http`` on ``http_port``) until
     SIGTERM or SIGINT."""
     async def serve() -> None:
+        # so_reuseport off (grpcio turns it on by default): a port another server holds is
+        # refused here, not shared with it (two references answering one port's calls).
         server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                                          ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+                                          ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                          ("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers(handlers)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        if server.add_insecure_port(f"127.0.0.1:{port}") != port:
+        try:
+            bound = server.add_insecure_port(f"127.0.0.1:{port}")
+        except RuntimeError:  # grpcio's "Failed to bind", as a log line and a traceback
+            bound = 0
+        if bound != port:
             raise SystemExit(f"{name}: could not bind 127.0.0.1:{port}")
         await server.start()
         loop = asyncio.get_running_loop()
