@@ -278,7 +278,8 @@ class Admission:
         """Indices i < T whose token row was never updated in training (counted)."""
         if model.untrained is None:
             return []
-        idx = model.untrained[ids].nonzero().flatten().tolist()  # indices i < T
+        # numpy views of both (host tensors): a third of torch's indexing and nonzero
+        idx = np.flatnonzero(model.untrained.numpy()[ids.numpy()]).tolist()  # indices i < T
         if idx:
             self._metrics.untrained_lookups.labels(model.name).inc(len(idx))
         return idx
