@@ -105,7 +105,8 @@ def _profile(cfg: BenchConfig, cell: Cell, server: Any, ids: dict[int, list[list
              out: Path) -> dict[str, Any]:
     """One cell measured alone, then again while py-spy samples the server; its stages."""
     m = measure_cell(cfg, cell, server, ids)
-    cfg = replace(cfg, duration_s=2 * cfg.duration_s)  # the sampled run: more samples
+    # The sampled run, longer: at _RATE a stage's share is read from some thousand samples.
+    cfg = replace(cfg, duration_s=4 * cfg.duration_s)
     seconds = int(cfg.warmup_s + cfg.duration_s + 1)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
@@ -136,6 +137,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{stage:28}" + "".join(f"{r['us'][stage]:>12.1f}" for r in rows))
     lines.append(f"{'all (from /proc)':28}" + "".join(f"{r['cpu_us']:>12.1f}" for r in rows))
     lines.append(f"{'req/s':28}" + "".join(f"{r['req_s']:>12.0f}" for r in rows))
+    lines.append(f"{'samples (the shares)':28}"
+                 + "".join(f"{sum(r['samples'].values()):>12}" for r in rows))
     return "\n".join(lines)
 
 
