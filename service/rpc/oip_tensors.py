@@ -21,9 +21,9 @@ from service.dtypes import BY_OIP, BY_WIRE
 from service.engine import Input, Inputs, LoadedModel
 from service.errors import InvalidArgument, quote
 
-__all__ = ["DATATYPES", "ONE_INPUT", "datatype", "model_metadata", "model_version",
-           "output_dtype", "output_names", "parameters", "read_input", "read_tensor",
-           "request_parameters", "requested_outputs"]
+__all__ = ["DATATYPES", "ID_DTYPES", "ONE_INPUT", "datatype", "model_metadata",
+           "model_version", "output_dtype", "output_names", "parameters", "read_input",
+           "read_tensor", "request_parameters", "requested_outputs"]
 
 DATATYPES: dict[int, str] = {wire: d.oip for wire, d in BY_WIRE.items()}  # the OIP names
 _DTYPE_OF = {name: d.wire for name, d in BY_OIP.items()}
@@ -32,7 +32,8 @@ _COMPOSE: dict[str, int] = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITIO
 _TRUNCATE: dict[str, int] = {"none": pb.TRUNCATE_NONE, "right": pb.TRUNCATE_RIGHT,
                              "left": pb.TRUNCATE_LEFT}
 _OUTPUTS = ("embeddings", "sequence_lengths")
-_ID_TYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4")}
+# input_ids datatypes, as both wires read them
+ID_DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4")}
 # Set by Triton clients for scheduling; meaningless for a lookup, so accepted and ignored.
 _IGNORED = {"priority", "timeout"}
 _KNOWN = frozenset({"start_position", "compose", "truncate", "allow_special_tokens",
@@ -218,7 +219,7 @@ def _shape(declared: Sequence[int], name: str, expected: str,
 def _ids(datatype: str, shape: Sequence[int], raw: bytes | None,
          ints: Sequence[int] | np.ndarray, start_position: int, raw_field: str,
          ints_field: str) -> Inputs:
-    dt = _ID_TYPES.get(datatype)
+    dt = ID_DTYPES.get(datatype)
     if dt is None:
         raise InvalidArgument(f"input 'input_ids' has datatype {quote(datatype, 16)}; "
                               f"expected INT64 or INT32")

@@ -29,6 +29,7 @@ from service.engine import Inputs, Options
 from service.errors import InvalidArgument
 from service.rpc.oip_tensors import (
     DATATYPES,
+    ID_DTYPES,
     ONE_INPUT,
     datatype,
     output_names,
@@ -44,7 +45,6 @@ _DEFAULT_ORDER = ("embeddings", "sequence_lengths")
 _DIGITS = bytes(49 if 48 <= c <= 57 else 48 for c in range(256))  # digit -> "1", else "0"
 _LONG_NUMBER = b"1" * 19  # a number past int64's range has 19 digits or more
 _ORJSON_MAX = 1 << 18
-_ID_DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "INT32": np.dtype("<i4")}
 
 
 class _JsonTexts(Sequence[bytes]):
@@ -222,7 +222,7 @@ def _inputs(raw: Any, binary: memoryview, start_position: int) -> Inputs:
 def _ints(name: str, datatype: str, data: Any) -> np.ndarray:
     """JSON ``data`` (flat or nested, row-major) as the tensor's values, flat, each checked
     to fit its datatype; the reader checks their count against the shape."""
-    dt = _ID_DTYPES.get(datatype)
+    dt = ID_DTYPES.get(datatype)
     if dt is None:  # the reader names the expected input names and datatypes, unwalked
         return np.empty(0, np.int64)
     if not isinstance(data, list):
