@@ -40,6 +40,7 @@ class RestReply(Reply[RestAnswer]):
     def __init__(self, request_id: str, outputs: list[tuple[str, bool]]) -> None:
         self._id = request_id
         self._outputs = outputs  # (name, binary), in response order
+        self._binary = dict(outputs)  # name -> binary
         self._header: dict[str, Any] = {}
         self._admitted: Admitted | None = None
 
@@ -72,7 +73,7 @@ class RestReply(Reply[RestAnswer]):
         # An upper bound, known now: the rows as binary, or as JSON numbers (at most 24
         # characters and a comma each), the sequence lengths, and the header (id escaped).
         values = B * T * C
-        rows = values * admitted.itemsize if dict(self._outputs)["embeddings"] else values * 25
+        rows = values * admitted.itemsize if self._binary["embeddings"] else values * 25
         return rows + 24 * B * 2 + 4096 + 6 * len(self._id)
 
     def destination(self, region: ShmPlan | CudaPlan | None) -> Destination:
@@ -81,7 +82,7 @@ class RestReply(Reply[RestAnswer]):
         assert region is None  # REST answers carry their rows
         B, T, C = padded_shape(admitted, True)
         dtype = BY_WIRE[admitted.options.dtype].torch
-        binary = dict(self._outputs)
+        binary = self._binary
         # sequence_lengths as binary, when asked for so (the bytes every binary output
         # other than the rows holds)
         lengths_raw = (np.asarray(admitted.lengths, dtype="<i8").tobytes()
