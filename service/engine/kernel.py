@@ -26,6 +26,7 @@ __all__ = ["OUT_KINDS", "BusError", "build", "embed_rows", "guarded", "load"]
 log = logging.getLogger(__name__)
 _guarded = False  # set by load()
 OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_F32, _I64 = torch.float32, torch.int64  # dtypes are singletons: compared with `is`
 
 
 @functools.lru_cache(maxsize=1)
@@ -74,20 +75,20 @@ def embed_rows(lib: ctypes.CDLL, table: torch.Tensor, ids: torch.Tensor,
     contiguous; out (N, dim) contiguous. Raises IndexError if an index is outside its
     table; ``guarded`` (out maps memory another process may shrink): BusError if a store
     faulted, and the rows are then partly written."""
-    n, dim = int(ids.shape[0]), int(table.shape[1])
+    n, dim = ids.shape[0], table.shape[1]  # torch.Size holds Python ints
     # The C side trusts these: a mismatch would write outside ``out``.
-    if not (out.is_contiguous() and tuple(out.shape) == (n, dim) and table.is_contiguous()
-            and table.dtype == torch.float32 and ids.dtype == torch.int64
-            and ids.is_contiguous() and (positions is None or (
-                positions.dtype == torch.int64 and positions.is_contiguous()
-                and int(positions.shape[0]) == n)) and (position_table is None or (
-                position_table.dtype == torch.float32 and position_table.is_contiguous()
-                and int(position_table.shape[1]) == dim))):
+    if not (out.is_contiguous() and out.shape == (n, dim) and table.is_contiguous()
+            and table.dtype is _F32 and ids.dtype is _I64 and ids.is_contiguous()
+            and (positions is None or (positions.dtype is _I64 and positions.is_contiguous()
+                                       and positions.shape[0] == n))
+            and (position_table is None or (position_table.dtype is _F32
+                                            and position_table.is_contiguous()
+                                            and position_table.shape[1] == dim))):
         raise ValueError("lookup kernel: tensors of the wrong layout, dtype or shape")
     rc = (lib.embed_rows_guarded if guarded else lib.embed_rows)(
-        table.data_ptr(), int(table.shape[0]), dim, ids.data_ptr(), n,
+        table.data_ptr(), table.shape[0], dim, ids.data_ptr(), n,
         None if position_table is None else position_table.data_ptr(),
-        0 if position_table is None else int(position_table.shape[0]),
+        0 if position_table is None else position_table.shape[0],
         None if positions is None else positions.data_ptr(), start,
         out.data_ptr(), OUT_KINDS[out.dtype])
     if rc == -3:
