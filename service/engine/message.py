@@ -42,7 +42,7 @@ from service.dtypes import BY_WIRE
 from service.engine.batcher import Timing
 
 __all__ = ["TIMING_BYTES", "MessageBuffer", "bytes_field_prefix", "message_head",
-           "padded_varint", "timing_tag"]
+           "timing_field", "timing_tag"]
 
 if sys.byteorder != "little":  # torch writes native order; the wire is little-endian
     raise ImportError("service.engine.message supports little-endian hosts only")
@@ -80,20 +80,17 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def padded_varint(n: int) -> bytes:
-    """``n`` (0 <= n < 2**64) as a 10-byte varint: same value, fixed size."""
-    # Unrolled: this runs four times per response.
-    return bytes((n & 127 | 128, n >> 7 & 127 | 128, n >> 14 & 127 | 128,
-                  n >> 21 & 127 | 128, n >> 28 & 127 | 128, n >> 35 & 127 | 128,
-                  n >> 42 & 127 | 128, n >> 49 & 127 | 128, n >> 56 & 127 | 128, n >> 63))
-
-
-def _timing(tag: int, queue_ns: int, tokenize_ns: int, compute_ns: int,
-            total_ns: int) -> bytes:
-    # Timing fields 1..4 are varints (wire type 0): tags 0x08, 0x10, 0x18, 0x20.
-    return b"".join((bytes((tag, _TIMING_BODY)), b"\x08", padded_varint(queue_ns),
-                     b"\x10", padded_varint(tokenize_ns), b"\x18", padded_varint(compute_ns),
-                     b"\x20", padded_varint(total_ns)))
+def timing_field(tag: int, queue_ns: int, tokenize_ns: int, compute_ns: int,
+                 total_ns: int) -> bytes:
+    """The ``timing`` field (tag ``tag``): its four varints (fields 1..4, tags 0x08, 0x10,
+    0x18, 0x20), each padded to 10 bytes (same value, fixed size: the buffer is laid out
+    before the times are known). One flat list: this runs once per response."""
+    out = [tag, _TIMING_BODY]
+    for field, n in zip((0x08, 0x10, 0x18, 0x20), (queue_ns, tokenize_ns, compute_ns, total_ns)):
+        out += (field, n & 127 | 128, n >> 7 & 127 | 128, n >> 14 & 127 | 128,
+                n >> 21 & 127 | 128, n >> 28 & 127 | 128, n >> 35 & 127 | 128,
+                n >> 42 & 127 | 128, n >> 49 & 127 | 128, n >> 56 & 127 | 128, n >> 63)
+    return bytes(out)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -155,7 +152,7 @@ class MessageBuffer:
     def finish(self, timing: Timing) -> bytes:
         """Write the timing fields (when the message has them); hand over the bytes."""
         if self._timing_tag is not None:
-            ctypes.memmove(self._timing_at, _timing(self._timing_tag, *timing), TIMING_BYTES)
+            ctypes.memmove(self._timing_at, timing_field(self._timing_tag, *timing), TIMING_BYTES)
         data = self.data
         del self.rows  # the view must not outlive the buffer's ownership of the bytes
         return data

@@ -13,7 +13,7 @@ from service.engine.message import (
     TIMING_BYTES,
     MessageBuffer,
     message_head,
-    padded_varint,
+    timing_field,
     timing_tag,
 )
 
@@ -50,10 +50,13 @@ def test_reply_equals_generic_serialisation(dtype: int, T: int) -> None:
                             + TIMING_BYTES)
 
 
-def test_padded_varint_values() -> None:
-    assert padded_varint(0) == b"\x80" * 9 + b"\x00"
-    assert padded_varint(300) == b"\xac\x82" + b"\x80" * 7 + b"\x00"
-    assert padded_varint(2**64 - 1) == b"\xff" * 9 + b"\x01"
+def test_timing_field_pads_each_varint_to_ten_bytes() -> None:
+    assert timing_field(0x22, 0, 300, 2**64 - 1, 1) == (
+        b"\x22\x2c"  # tag, length 44
+        + b"\x08" + b"\x80" * 9 + b"\x00"  # 0
+        + b"\x10" + b"\xac\x82" + b"\x80" * 7 + b"\x00"  # 300
+        + b"\x18" + b"\xff" * 9 + b"\x01"  # 2**64 - 1
+        + b"\x20" + b"\x81" + b"\x80" * 8 + b"\x00")  # 1
 
 
 def test_batch_reply_round_trip() -> None:
