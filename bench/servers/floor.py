@@ -5,8 +5,8 @@ the most a service can reach there (docs/performance.md). The lookup is the serv
 as the service allocates it; gRPC replies are laid out as the ceiling's (or the rows go
 into a registered shared-memory region), REST ones as the service's own captured answer
 (the rows in binary after its JSON header, or printed as JSON numbers as the service prints
-them), checked byte for byte on first use (else 500: a floor answering other bytes would measure
-something else).
+them) for the ids read from the request's JSON, checked byte for byte on first use (else
+500: a floor answering other bytes would measure something else).
 
     python -m bench.servers.floor --port N --checkpoint MODELS/bench/1 \\
         [--http-port M --captured DIR]
@@ -161,47 +161,58 @@ class GrpcFloor:
 
 
 def rest_handler(lookup: Lookup, captured: Captured) -> HttpHandler:
-    """``POST /<cell>``: the cell's rows in the service's own response layout: binary
-    after its JSON header, or printed as JSON numbers as the service prints them."""
-    plans: dict[str, tuple[Callable[[], bytes], dict[str, str]] | str] = {}
+    """``POST /<cell>``: the rows of the ids the request's JSON carries, in the service's
+    own response layout for that cell: binary after its JSON header, or printed as JSON
+    numbers as the service prints them. Reading the ids from the body is work every REST
+    server does (the gRPC floor's requests are parsed by grpc's deserializer)."""
+    plans: dict[str, tuple[Callable[[list[int]], bytes], dict[str, str], int] | str] = {}
 
-    def plan(path: str) -> tuple[Callable[[], bytes], dict[str, str]] | str:
+    def plan(path: str) -> tuple[Callable[[list[int]], bytes], dict[str, str], int] | str:
         cell = captured.get(path)
         dtype = _WIRE[_REST_WIRE[cell.datatype]]
-        answer: Callable[[], bytes]
+        answer: Callable[[list[int]], bytes]
         if cell.headers["Content-Type"].startswith("application/json"):
-            answer = _json_answer(lookup, cell.body, cell.ids, dtype)
+            answer = _json_answer(lookup, cell.body, dtype)
         else:
             head = int(cell.headers["Inference-Header-Content-Length"])
             end = head + len(cell.ids) * lookup.dim * dtype.itemsize
             prefix, suffix = cell.body[:head], cell.body[end:]
-            answer = functools.partial(lookup.reply, prefix, cell.ids, 0, dtype, suffix)
-        if answer() != cell.body:
+            answer = functools.partial(_binary_answer, lookup, prefix, dtype, suffix)
+        if answer(cell.ids) != cell.body:
             return f"floor: {path} differs from the service's response"
-        return answer, cell.headers
+        return answer, cell.headers, len(cell.ids)
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
-        await request.read()
+        body = await request.read()
         p = plans.get(request.path) or plans.setdefault(request.path, plan(request.path))
         if isinstance(p, str):
             return web.Response(status=500, text=p)
-        answer, headers = p
-        return await respond(request, answer(), headers)
+        answer, headers, T = p
+        ids = orjson.loads(body)["inputs"][0]["data"]  # (T,)
+        if len(ids) != T:  # the captured header states T: another T is another cell
+            return web.Response(status=400, text=f"floor: {request.path} serves T={T}")
+        return await respond(request, answer(ids), headers)
 
     return handle
 
 
-def _json_answer(lookup: Lookup, body: bytes, ids: list[int],
-                 dtype: torch.dtype) -> Callable[[], bytes]:
-    """The service's JSON answer for ``ids``, rows looked up anew each call: its header
-    as captured, the rows widened to float64 and printed by orjson, as the service does
-    (``engine/rest_reply.py``): the floor of any exact JSON answer printed in Python."""
+def _binary_answer(lookup: Lookup, prefix: bytes, dtype: torch.dtype, suffix: bytes,
+                   ids: list[int]) -> bytes:
+    """The service's binary answer for ``ids``: its captured JSON header (and any bytes
+    after the rows), the rows looked up anew."""
+    return lookup.reply(prefix, ids, 0, dtype, suffix)
+
+
+def _json_answer(lookup: Lookup, body: bytes,
+                 dtype: torch.dtype) -> Callable[[list[int]], bytes]:
+    """The service's JSON answer for a request's ids, rows looked up anew each call: its
+    header as captured, the rows widened to float64 and printed by orjson, as the service
+    does (``engine/rest_reply.py``): the floor of any exact JSON answer printed in Python."""
     header = orjson.loads(body)
     (output,) = [o for o in header["outputs"] if o["name"] == "embeddings"]
-    T, C = len(ids), lookup.dim
 
-    def answer() -> bytes:
-        rows = torch.empty(T, C, dtype=dtype)  # (T, C)
+    def answer(ids: list[int]) -> bytes:
+        rows = torch.empty(len(ids), lookup.dim, dtype=dtype)  # (T, C)
         lookup.into(rows, ids, 0)
         output["data"] = rows.reshape(-1).numpy().astype(np.float64)  # (T*C,)
         return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -206,6 +206,24 @@ def test_rest_ceiling_and_floor_answer_the_services_own_bytes(
     assert _post(servers["floor"], "json-T6-float32", json_body) == (200, want_json)
 
 
+@pytest.mark.parametrize(("binary", "point"), [(True, "rest"), (False, "json")])
+def test_the_rest_floor_answers_the_ids_it_is_sent(
+        servers: dict[str, ServerProcess], captured: Captured, binary: bool,
+        point: str) -> None:
+    """The ids are read from the request, as every REST server must read them: other ids
+    of the same T get their own rows, the service's bytes for them; another T is refused."""
+    other = [i + 1 for i in reversed(IDS)]
+    body = rest_body(other, "float32", binary)
+    status, want = _post(servers["service"], f"v2/models/{MODEL_NAME}/infer", body)
+    assert status == 200
+    got = _post(servers["floor"], f"{point}-T6-float32", body)
+    assert got == (200, want)
+    assert got != _post(servers["floor"], f"{point}-T6-float32", rest_body(IDS, "float32", binary))
+    assert _post(servers["floor"], f"{point}-T6-float32", rest_body(other[:5], "float32",
+                                                                    binary)) == (
+        400, f"floor: /{point}-T6-float32 serves T=6".encode())
+
+
 def test_a_floor_whose_lookup_differs_from_the_service_refuses_to_serve(
         servers: dict[str, ServerProcess], captured: Captured) -> None:
     cell = captured.get("/rest-T6-float32")
