@@ -45,6 +45,7 @@ _DEFAULT_ORDER = ("embeddings", "sequence_lengths")
 _DIGITS = bytes(49 if 48 <= c <= 57 else 48 for c in range(256))  # digit -> "1", else "0"
 _LONG_NUMBER = b"1" * 19  # a number past int64's range has 19 digits or more
 _ORJSON_MAX = 1 << 18
+_WALK_IDS = 64  # ids walked for booleans without first asking numpy for a 0 or 1
 
 
 class _JsonTexts(Sequence[bytes]):
@@ -231,7 +232,8 @@ def _ints(name: str, datatype: str, data: Any) -> np.ndarray:
         values = np.asarray(data)
     except (ValueError, OverflowError):  # ragged nesting
         values = np.asarray([None])
-    if values.dtype.kind not in "iu" and not (values.size == 0 and values.ndim == 1):
+    integers = values.dtype.kind in "iu" and not (values.size and _has_bool(data, values))
+    if not integers and not (values.size == 0 and values.ndim == 1):
         raise InvalidArgument(f"input {name!r}: {datatype} data must be "
                               f"integers (a flat list, or nested lists of one shape)")
     # An int64 array read from Python ints already holds INT64's range (numpy refuses or
@@ -241,6 +243,15 @@ def _ints(name: str, datatype: str, data: Any) -> np.ndarray:
         if values.size and (values.min() < info.min or values.max() > info.max):
             raise InvalidArgument(f"input {name!r}: a value is outside {datatype}")
     return values.reshape(-1)  # (B*T,)
+
+
+def _has_bool(data: list[Any], values: np.ndarray) -> bool:
+    """Whether a JSON ``true`` or ``false`` sits among the integers (numpy reads them with
+    ints as 1 and 0). Only a 1 or a 0 can be one, so a long list is walked only when it
+    holds one."""
+    if values.size > _WALK_IDS and not (values <= 1).any():
+        return False
+    return bool in map(type, _flat(data))
 
 
 def _flat(data: Any) -> list[Any]:

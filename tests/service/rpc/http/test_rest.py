@@ -215,6 +215,20 @@ def test_json_ids_outside_their_datatype_are_refused(server: ServerHandle, datat
     assert (reply.status, reply.json()) == (400, {"error": f"input 'input_ids': {error}"})
 
 
+@pytest.mark.parametrize("row", [
+    [1, True], [False, 7], [True], [5] * 100 + [True],  # a long list: found by its 1
+    [0] * 100 + [False],
+])
+def test_json_booleans_among_ids_are_refused(server: ServerHandle, row: list[int]) -> None:
+    """numpy reads true and false among ints as 1 and 0; JSON booleans are not ids."""
+    for data in ([row], row):  # nested [[...]] and flat [...]
+        body = infer_body([row])
+        body["inputs"][0]["data"] = data
+        reply = request(server.http_port, "POST", "/v2/models/tiny/infer", body)
+        assert (reply.status, reply.json()) == (400, {
+            "error": f"input 'input_ids': {_NOT_INTEGERS}"})
+
+
 @pytest.mark.parametrize(("datatype", "edge"), [("INT64", 2**63 - 1), ("INT64", -(2**63)),
                                                 ("INT32", 2**31 - 1), ("INT32", -(2**31))])
 def test_json_ids_at_their_datatype_edge_reach_the_vocabulary_check(
