@@ -4,7 +4,6 @@ TLS, and the page's files (``front.py`` routes; nothing here knows a route)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -93,11 +92,15 @@ async def read_body(request: web.BaseRequest, limit: int,
         raise RequestTooLarge(f"request body is {length} bytes; max_message_bytes is {limit}")
     seconds = BODY_SECONDS if deadline is None else min(BODY_SECONDS,
                                                         deadline - time.monotonic())
-    # A body that has all arrived (a small one comes with its headers) waits for nothing,
-    # so no timer is armed for it.
-    arrived = length is not None and request.content.is_eof()
     try:
-        async with contextlib.nullcontext() if arrived else asyncio.timeout(max(seconds, 0.0)):
+        if length is not None and request.content.is_eof():
+            # All of it has arrived (a small body comes with its headers): taken as it
+            # is, with no timer armed and nothing awaited.
+            body = request.content.read_nowait()
+            if len(body) != length:
+                raise asyncio.IncompleteReadError(body, length)
+            return body
+        async with asyncio.timeout(max(seconds, 0.0)):
             if length is not None:  # readexactly gathers the blocks and joins them once
                 return await request.content.readexactly(length) if length else b""
             return await _read_chunks(request.content, limit)
