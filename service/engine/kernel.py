@@ -21,11 +21,12 @@ import torch
 
 from service.engine.kernel_build import build, library_path
 
-__all__ = ["OUT_KINDS", "BusError", "build", "embed_rows", "guarded", "load"]
+__all__ = ["OUT_KINDS", "BusError", "KernelTables", "build", "embed_rows", "guarded", "load"]
 
 log = logging.getLogger(__name__)
 _guarded = False  # set by load()
 OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_ITEMSIZE = {0: 4, 1: 2, 2: 2}  # bytes per value of each OUT_KINDS kind
 _F32, _I64 = torch.float32, torch.int64  # dtypes are singletons: compared with `is`
 
 
@@ -67,6 +68,53 @@ class BusError(OSError):
     """A guarded write's memory went away under it (its shared-memory object shrank)."""
 
 
+class KernelTables:
+    """A table (and the position table added to it, if any) as the kernel reads them:
+    their layout checked once, then only addresses and sizes. Holds the tensors, so the
+    addresses stay valid while it lives (the tables are frozen: never resized)."""
+
+    __slots__ = ("_keep", "dim", "lib", "position", "position_rows", "table", "table_rows")
+
+    def __init__(self, lib: ctypes.CDLL, table: torch.Tensor,
+                 position_table: torch.Tensor | None) -> None:
+        # The C side trusts these: a mismatch would read outside a table.
+        if not (table.dim() == 2 and table.is_contiguous() and table.dtype is _F32
+                and (position_table is None
+                     or (position_table.dim() == 2 and position_table.dtype is _F32
+                         and position_table.is_contiguous()
+                         and position_table.shape[1] == table.shape[1]))):
+            raise ValueError("lookup kernel: tables of the wrong layout, dtype or shape")
+        self.lib = lib
+        self._keep = (table, position_table)
+        self.table, self.table_rows = table.data_ptr(), table.shape[0]
+        self.dim = table.shape[1]  # torch.Size holds Python ints
+        self.position = None if position_table is None else position_table.data_ptr()
+        self.position_rows = 0 if position_table is None else position_table.shape[0]
+
+    def write(self, ids: torch.Tensor, positions: torch.Tensor | None, start: int,
+              address: int, nbytes: int, kind: int, guarded: bool = False) -> None:
+        """Rows of ``ids`` (+ position rows at ``positions``, or from ``start``) into the
+        ``nbytes`` of writable memory at ``address``, in the out dtype ``kind``
+        (``OUT_KINDS``). The errors of ``embed_rows``."""
+        n = ids.shape[0]
+        # The C side trusts these: a mismatch would write outside the memory given.
+        if not (ids.dtype is _I64 and ids.is_contiguous()
+                and nbytes == n * self.dim * _ITEMSIZE[kind]
+                and (positions is None or (positions.dtype is _I64
+                                           and positions.is_contiguous()
+                                           and positions.shape[0] == n))):
+            raise ValueError("lookup kernel: ids or output of the wrong layout or size")
+        lib = self.lib
+        rc = (lib.embed_rows_guarded if guarded else lib.embed_rows)(
+            self.table, self.table_rows, self.dim, ids.data_ptr(), n, self.position,
+            self.position_rows, None if positions is None else positions.data_ptr(), start,
+            address, kind)
+        if rc == -3:
+            raise BusError("the memory being written went away (SIGBUS)")
+        if rc != 0:
+            raise IndexError(f"lookup kernel refused its indices (rc={rc})")
+
+
 def embed_rows(lib: ctypes.CDLL, table: torch.Tensor, ids: torch.Tensor,
                position_table: torch.Tensor | None, positions: torch.Tensor | None,
                start: int, out: torch.Tensor, guarded: bool = False) -> None:
@@ -74,27 +122,14 @@ def embed_rows(lib: ctypes.CDLL, table: torch.Tensor, ids: torch.Tensor,
     rounded once into out's dtype. Tables fp32 and contiguous; ids/positions int64
     contiguous; out (N, dim) contiguous. Raises IndexError if an index is outside its
     table; ``guarded`` (out maps memory another process may shrink): BusError if a store
-    faulted, and the rows are then partly written."""
-    n, dim = ids.shape[0], table.shape[1]  # torch.Size holds Python ints
-    # The C side trusts these: a mismatch would write outside ``out``.
-    if not (out.is_contiguous() and out.shape == (n, dim) and table.is_contiguous()
-            and table.dtype is _F32 and ids.dtype is _I64 and ids.is_contiguous()
-            and (positions is None or (positions.dtype is _I64 and positions.is_contiguous()
-                                       and positions.shape[0] == n))
-            and (position_table is None or (position_table.dtype is _F32
-                                            and position_table.is_contiguous()
-                                            and position_table.shape[1] == dim))):
+    faulted, and the rows are then partly written. (``KernelTables.write`` without the
+    tables' checks, for tables used again and again.)"""
+    tables = KernelTables(lib, table, position_table)
+    if not (out.is_contiguous() and out.shape == (ids.shape[0], tables.dim)
+            and out.dtype in OUT_KINDS):
         raise ValueError("lookup kernel: tensors of the wrong layout, dtype or shape")
-    rc = (lib.embed_rows_guarded if guarded else lib.embed_rows)(
-        table.data_ptr(), table.shape[0], dim, ids.data_ptr(), n,
-        None if position_table is None else position_table.data_ptr(),
-        0 if position_table is None else position_table.shape[0],
-        None if positions is None else positions.data_ptr(), start,
-        out.data_ptr(), OUT_KINDS[out.dtype])
-    if rc == -3:
-        raise BusError("the memory being written went away (SIGBUS)")
-    if rc != 0:
-        raise IndexError(f"lookup kernel refused its indices (rc={rc})")
+    tables.write(ids, positions, start, out.data_ptr(), out.numel() * out.element_size(),
+                 OUT_KINDS[out.dtype], guarded)
 
 
 if __name__ == "__main__":

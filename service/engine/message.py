@@ -120,15 +120,19 @@ def bytes_field_prefix(field_number: int, nbytes: int) -> bytes:
 
 class MessageBuffer:
     """One response being built: ``head | rows | tail [| timing]``, allocated at its final
-    size; the lookup writes ``rows``, then ``finish`` writes the timing (when the message
-    has a timing field) and hands over the bytes. A ``batcher.Destination``."""
+    size; the lookup writes the rows, then ``finish`` writes the timing (when the message
+    has a timing field) and hands over the bytes. A ``batcher.Destination``: ``lookup``
+    writes the rows by address where the tables' kernel serves (no tensor over the bytes
+    is built), else ``rows`` is that tensor, made when first asked for."""
 
-    __slots__ = ("_timing_at", "_timing_tag", "data", "rows")
+    __slots__ = ("_at", "_rows", "_shape", "_timing_at", "_timing_tag", "data", "dtype",
+                 "nbytes")
 
     def __init__(self, head: bytes, shape: tuple[int, int], dtype: torch.dtype,
                  tail: bytes, timing_tag: int | None = None) -> None:
-        N, C = shape
-        nbytes = N * C * dtype.itemsize
+        N, C = self._shape = shape
+        self.dtype = dtype
+        nbytes = self.nbytes = N * C * dtype.itemsize
         timing = TIMING_BYTES if timing_tag is not None else 0
         total = len(head) + nbytes + len(tail) + timing  # > 1: never a shared object
         self.data: bytes = _new_bytes(None, total)  # fresh, uninitialised, ours alone
@@ -136,23 +140,42 @@ class MessageBuffer:
         ctypes.memmove(address, head, len(head))
         if tail:  # a REST answer of the rows alone has none
             ctypes.memmove(address + len(head) + nbytes, tail, len(tail))
+        self._at = address + len(head)  # the rows' first byte
         self._timing_at = address + total - timing
         self._timing_tag = timing_tag
-        if nbytes == 0:  # numpy refuses no memory at an address
-            self.rows = torch.empty(N, C, dtype=dtype)
-        else:
-            view = _memory_view(address + len(head), nbytes, _PyBUF_WRITE)
-            # Through numpy: torch.frombuffer costs more than both steps together.
-            # bfloat16 has no numpy dtype: its bits are made int16, then viewed as bf16.
-            array = np.ndarray((N, C), _NUMPY[dtype], view)
-            self.rows = torch.from_numpy(array)  # (N, C)
-            if dtype == torch.bfloat16:
-                self.rows = self.rows.view(torch.bfloat16)
+        self._rows: torch.Tensor | None = None
+
+    def lookup(self, tables: Any, ids: torch.Tensor, spans: list[tuple[int, int]],
+               compose: int) -> bool:
+        """The rows straight into the bytes, where the tables' kernel serves
+        (``EmbeddingTables.write_at``); False: the batcher writes ``rows`` instead."""
+        if not self.nbytes or self._at == 0:
+            return False
+        written: bool = tables.write_at(ids, spans, compose, self._at, self.nbytes, self.dtype)
+        return written
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The rows as a writable (N, C) tensor over the response bytes."""
+        if self._rows is None:
+            if self._at == 0:
+                raise RuntimeError("the response was handed over: its rows are not writable")
+            N, C = self._shape
+            if self.nbytes == 0:  # numpy refuses no memory at an address
+                self._rows = torch.empty(N, C, dtype=self.dtype)
+            else:
+                view = _memory_view(self._at, self.nbytes, _PyBUF_WRITE)
+                # Through numpy: torch.frombuffer costs more than both steps together.
+                # bfloat16 has no numpy dtype: its bits are made int16, then viewed as bf16.
+                rows = torch.from_numpy(np.ndarray((N, C), _NUMPY[self.dtype], view))  # (N, C)
+                self._rows = (rows.view(torch.bfloat16) if self.dtype == torch.bfloat16
+                              else rows)
+        return self._rows
 
     def finish(self, timing: Timing) -> bytes:
         """Write the timing fields (when the message has them); hand over the bytes."""
         if self._timing_tag is not None:
             ctypes.memmove(self._timing_at, timing_field(self._timing_tag, *timing), TIMING_BYTES)
-        data = self.data
-        del self.rows  # the view must not outlive the buffer's ownership of the bytes
-        return data
+        # No view, and no address, may outlive the buffer's ownership of the bytes.
+        self._rows, self._at = None, 0
+        return self.data

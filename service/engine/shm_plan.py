@@ -16,7 +16,7 @@ import torch
 
 from service.engine import kernel
 from service.engine.batcher import Timing
-from service.engine.shm_region import Region, memory_view, short
+from service.engine.shm_region import Region, short
 from service.engine.tables import EmbeddingTables, Span
 from service.errors import FailedPrecondition
 
@@ -90,10 +90,9 @@ class ShmPlan:
         if self.region.mapped is None or not tables.writes_guarded or not self.byte_size:
             return False
         self.region.check(self._at, self.byte_size)
-        view = memory_view(self.region.mapped + self._at, self.byte_size)
-        rows = torch.frombuffer(view, dtype=self.dtype).view(-1, self.shape[-1])  # (N, C)
         try:
-            tables.embed_guarded(ids, spans, compose, rows)
+            tables.write_at(ids, spans, compose, self.region.mapped + self._at,
+                            self.byte_size, self.dtype, guarded=True)
         except kernel.BusError:
             self.region.check(self._at, self.byte_size)  # names the size it shrank to
             raise FailedPrecondition(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from service.errors import FailedPrecondition
 
-__all__ = ["Descriptor", "Region", "memory_view", "short"]
+__all__ = ["Descriptor", "Region", "short"]
 
 def short(value: str, limit: int = 64) -> str:
     """A value quoted for a message: repr, at most ``limit`` characters of it."""
@@ -61,10 +61,6 @@ _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
                        ctypes.c_int, ctypes.c_long)
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _MAP_FAILED = ctypes.c_void_p(-1).value
-_memory_view = ctypes.pythonapi.PyMemoryView_FromMemory
-_memory_view.restype = ctypes.py_object
-_memory_view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
-_PyBUF_WRITE = 0x200
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,8 +107,3 @@ class Region:
                 f"shared-memory object {short(self.key)} of region {short(self.name)} "
                 f"cannot be written: {e.strerror}") from None
 
-
-def memory_view(address: int, nbytes: int) -> memoryview:
-    """A writable memoryview of ``nbytes`` at ``address`` (inside a region's mapping)."""
-    view: memoryview = _memory_view(address, nbytes, _PyBUF_WRITE)
-    return view

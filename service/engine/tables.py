@@ -22,7 +22,6 @@ takes the slow path in ``service.engine.rules`` instead; the rest never pays for
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Sequence
 
@@ -118,6 +117,17 @@ class EmbeddingTables:
                         and (self.position_table is None
                              or (self.position_table.dtype == torch.float32
                                  and self.position_table.is_contiguous())) else None)
+        # The kernel's view of the tables for each compose (checked once, then addresses):
+        # token rows plus position rows, token rows alone, position rows alone.
+        self._kernel_rows: dict[int, kernel.KernelTables] = {}
+        if self._kernel is not None:
+            token = kernel.KernelTables(self._kernel, self.token_table, None)
+            self._kernel_rows = {COMPOSE_TOKEN_ONLY: token, COMPOSE_TOKEN_PLUS_POSITION: token}
+            if self.position_table is not None:
+                self._kernel_rows[COMPOSE_TOKEN_PLUS_POSITION] = kernel.KernelTables(
+                    self._kernel, self.token_table, self.position_table)
+                self._kernel_rows[COMPOSE_POSITION_ONLY] = kernel.KernelTables(
+                    self._kernel, self.position_table, None)
         # Largest |value| of each table, read once at load: what a request's output dtype
         # must be able to hold (validation.check_dtype_range refuses float16 past 65504).
         self.token_max_abs = (token_max_abs if token_max_abs is not None
@@ -222,7 +232,7 @@ class EmbeddingTables:
         # none of the next three paths applies (and the common case skips their checks).
         if self._kernel is not None and all(p[2].is_contiguous() for p in parts):
             for ids, spans, out in parts:
-                self._embed_kernel(self._kernel, ids, spans, compose, out)
+                self._embed_kernel(ids, spans, compose, out)
             return
         if self._rules is not None:
             self._embed_rules(parts, compose)
@@ -256,33 +266,42 @@ class EmbeddingTables:
 
     @property
     def writes_guarded(self) -> bool:
-        """Whether ``embed_guarded`` can write into memory its owner may shrink."""
+        """Whether ``write_at(..., guarded=True)`` can write into memory its owner may
+        shrink (a mapping of a client's shared-memory object): ``kernel.BusError`` then if
+        the object shrank under the write, the rows partly written."""
         return self._kernel is not None and kernel.guarded()
 
-    def embed_guarded(self, ids: torch.Tensor, spans: Sequence[Span], compose: int,
+    def _embed_kernel(self, ids: torch.Tensor, spans: Sequence[Span], compose: int,
                       out: torch.Tensor) -> None:
-        """One part's rows straight into ``out``, a mapping of a client's shared-memory
-        object, in one pass; ``kernel.BusError`` if the object shrank under the write
-        (only when ``writes_guarded``)."""
-        assert self._kernel is not None
-        self._embed_kernel(self._kernel, ids, spans, compose, out, guarded=True)
-
-    def _embed_kernel(self, lib: ctypes.CDLL, ids: torch.Tensor, spans: Sequence[Span],
-                      compose: int, out: torch.Tensor, guarded: bool = False) -> None:
         """One part in one pass (``lookup.c``): each row read once from the tables and
-        written once into the response, summed in fp32 and rounded into out's dtype."""
-        pos = self.position_table
-        ids = ids.contiguous()  # (N,) int64; a no-op for the ids admission makes
+        written once into ``out`` (N, C), summed in fp32 and rounded into out's dtype."""
+        if not (out.is_contiguous() and out.shape == (ids.shape[0], self.out_dim(compose))
+                and out.dtype in kernel.OUT_KINDS):
+            raise ValueError("lookup kernel: an output of the wrong layout, dtype or shape")
+        self.write_at(ids, spans, compose, out.data_ptr(), out.numel() * out.element_size(),
+                      out.dtype)
+
+    def write_at(self, ids: torch.Tensor, spans: Sequence[Span], compose: int, address: int,
+                 nbytes: int, dtype: torch.dtype, guarded: bool = False) -> bool:
+        """One part's rows in one pass (``lookup.c``) straight into the ``nbytes`` of
+        writable memory at ``address`` (an answer's bytes), in ``dtype``: no tensor over
+        that memory is built. False where the kernel does not serve these tables (the
+        caller then hands ``embed_into`` its rows)."""
+        if self._kernel is None:
+            return False
+        rows = self._kernel_rows.get(compose)
+        assert rows is not None, "COMPOSE_POSITION_ONLY without a position table"
+        kind = kernel.OUT_KINDS[dtype]
         if compose == COMPOSE_POSITION_ONLY:
-            assert pos is not None
-            kernel.embed_rows(lib, pos, positions_of(spans), None, None, 0, out, guarded)
-        elif compose == COMPOSE_TOKEN_ONLY or pos is None:
-            kernel.embed_rows(lib, self.token_table, ids, None, None, 0, out, guarded)
-        elif len(spans) == 1:
-            kernel.embed_rows(lib, self.token_table, ids, pos, None, spans[0][0], out, guarded)
+            rows.write(positions_of(spans), None, 0, address, nbytes, kind, guarded)
+        elif rows.position is None:
+            rows.write(ids.contiguous(), None, 0, address, nbytes, kind, guarded)
+        elif len(spans) == 1:  # its positions are start, start+1, ...: none to build
+            rows.write(ids.contiguous(), None, spans[0][0], address, nbytes, kind, guarded)
         else:
-            kernel.embed_rows(lib, self.token_table, ids, pos, positions_of(spans), 0, out,
-                              guarded)
+            rows.write(ids.contiguous(), positions_of(spans), 0, address, nbytes, kind,
+                       guarded)
+        return True
 
     def _embed_device(self, parts: Sequence[Part], compose: int) -> None:
         """The whole batch as one gather+add on the tables' device, then one copy back.
