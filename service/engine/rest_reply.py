@@ -4,6 +4,8 @@ in output order (Triton's binary tensor data extension), or the rows as JSON num
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,41 +41,17 @@ class RestReply(Reply[RestAnswer]):
 
     def __init__(self, request_id: str, outputs: list[tuple[str, bool]]) -> None:
         self._id = request_id
-        self._outputs = outputs  # (name, binary), in response order
-        self._binary = dict(outputs)  # name -> binary
-        self._header: dict[str, Any] = {}
+        self._outputs = tuple(outputs)  # (name, binary), in response order
+        self._rows_binary = dict(outputs)["embeddings"]
         self._admitted: Admitted | None = None
 
     def prepare(self, admitted: Admitted, untrained: list[list[int]] | None) -> int:
-        model, lengths = admitted.model, admitted.lengths
-        B, T, C = padded_shape(admitted, True)
-        datatype = BY_WIRE[admitted.options.dtype].oip
-        outputs = []
-        for name, binary in self._outputs:
-            if name == "embeddings":
-                o: dict[str, Any] = {"name": name, "datatype": datatype, "shape": [B, T, C]}
-                size = B * T * C * admitted.itemsize
-            else:
-                o = {"name": name, "datatype": "INT64", "shape": [B]}
-                size = 8 * B
-                if not binary:
-                    o["data"] = lengths
-            if binary:
-                o["parameters"] = {"binary_data_size": size}
-            outputs.append(o)
-        self._header = {
-            "model_name": model.name, "model_version": str(model.version),
-            **({"id": self._id} if self._id else {}),
-            "parameters": {"checkpoint_id": model.checkpoint_id,
-                           "start_position": admitted.sequences[0].start_position,
-                           "truncated_tokens": sum(f.truncated_tokens
-                                                   for f in admitted.sequences)},
-            "outputs": outputs}
         self._admitted = admitted
+        B, T, C = padded_shape(admitted, True)
         # An upper bound, known now: the rows as binary, or as JSON numbers (at most 24
         # characters and a comma each), the sequence lengths, and the header (id escaped).
         values = B * T * C
-        rows = values * admitted.itemsize if self._binary["embeddings"] else values * 25
+        rows = values * admitted.itemsize if self._rows_binary else values * 25
         return rows + 24 * B * 2 + 4096 + 6 * len(self._id)
 
     def destination(self, region: ShmPlan | CudaPlan | None) -> Destination:
@@ -81,21 +59,74 @@ class RestReply(Reply[RestAnswer]):
         assert admitted is not None
         assert region is None  # REST answers carry their rows
         B, T, C = padded_shape(admitted, True)
-        dtype = BY_WIRE[admitted.options.dtype].torch
-        binary = self._binary
-        # sequence_lengths as binary, when asked for so (the bytes every binary output
-        # other than the rows holds)
-        lengths_raw = (np.asarray(admitted.lengths, dtype="<i8").tobytes()
-                       if binary.get("sequence_lengths") else b"")
-        if not binary["embeddings"]:
-            return _RestJson(self._header, torch.empty(B * T, C, dtype=dtype),
-                             lengths_raw or None)
-        head = orjson.dumps(self._header)  # ~0.5 µs; json.dumps takes ~8
-        order = [n for n, b in self._outputs if b]
-        at = order.index("embeddings")
-        before = lengths_raw * at  # each binary output before the rows is the lengths
-        after = lengths_raw * (len(order) - at - 1)
-        return _RestBinary(head + before, (B * T, C), dtype, after, len(head))
+        dtype = BY_WIRE[admitted.options.dtype]
+        model, sequences = admitted.model, admitted.sequences
+        facts = (model.name, model.version, model.checkpoint_id, sequences[0].start_position,
+                 sum(f.truncated_tokens for f in sequences), B, T, C, dtype.oip,
+                 dtype.itemsize, self._outputs, tuple(admitted.lengths))
+        if not self._rows_binary:
+            return _RestJson(_header(self._id, *facts), torch.empty(B * T, C, dtype=dtype.torch),
+                             _lengths_raw(self._outputs, admitted.lengths) or None)
+        # Requests repeat a few shapes: the answer to one sequence without an id reuses
+        # its layout (a few hundred bytes each, at most 4096 of them).
+        head, tail, header_length = (_cached_layout(*facts) if B == 1 and not self._id
+                                     else _binary_layout(_header(self._id, *facts),
+                                                         self._outputs, admitted.lengths))
+        return _RestBinary(head, (B * T, C), dtype.torch, tail, header_length)
+
+
+def _header(request_id: str, model: str, version: int, checkpoint_id: str,
+            start_position: int, truncated: int, B: int, T: int, C: int, datatype: str,
+            itemsize: int, outputs: tuple[tuple[str, bool], ...],
+            lengths: tuple[int, ...]) -> dict[str, Any]:
+    """The answer's JSON header (the rows and the binary outputs follow it)."""
+    out = []
+    for name, binary in outputs:
+        if name == "embeddings":
+            o: dict[str, Any] = {"name": name, "datatype": datatype, "shape": [B, T, C]}
+            size = B * T * C * itemsize
+        else:
+            o = {"name": name, "datatype": "INT64", "shape": [B]}
+            size = 8 * B
+            if not binary:
+                o["data"] = list(lengths)
+        if binary:
+            o["parameters"] = {"binary_data_size": size}
+        out.append(o)
+    return {"model_name": model, "model_version": str(version),
+            **({"id": request_id} if request_id else {}),
+            "parameters": {"checkpoint_id": checkpoint_id, "start_position": start_position,
+                           "truncated_tokens": truncated},
+            "outputs": out}
+
+
+def _lengths_raw(outputs: tuple[tuple[str, bool], ...], lengths: Sequence[int]) -> bytes:
+    """``sequence_lengths`` as binary, when asked for so (the bytes every binary output
+    other than the rows holds); else nothing."""
+    if not dict(outputs).get("sequence_lengths"):
+        return b""
+    return np.asarray(lengths, dtype="<i8").tobytes()
+
+
+def _binary_layout(header: dict[str, Any], outputs: tuple[tuple[str, bool], ...],
+                   lengths: Sequence[int]) -> tuple[bytes, bytes, int]:
+    """What comes before the rows (the JSON header, the binary outputs before them), what
+    comes after, and the header's length."""
+    head = orjson.dumps(header)  # ~0.5 µs; json.dumps takes ~8
+    lengths_raw = _lengths_raw(outputs, lengths)
+    order = [n for n, b in outputs if b]
+    at = order.index("embeddings")
+    before = lengths_raw * at  # each binary output before the rows is the lengths
+    after = lengths_raw * (len(order) - at - 1)
+    return head + before, after, len(head)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_layout(*facts: Any) -> tuple[bytes, bytes, int]:
+    """``_binary_layout`` of a one-sequence answer without an id, kept for the next of its
+    shape."""
+    outputs, lengths = facts[-2], facts[-1]
+    return _binary_layout(_header("", *facts), outputs, lengths)
 
 
 class _RestBinary(MessageBuffer):
