@@ -111,6 +111,33 @@ def test_kernel_refuses_an_index_outside_its_table() -> None:
     assert torch.equal(out, table[[1, 2]] + position[3:5])
 
 
+def test_kernel_refuses_memory_of_another_size_or_ids_of_another_type() -> None:
+    """Rows written by address (``KernelTables.write``): the memory given must hold
+    exactly n x dim values of the out dtype, and the ids must be int64, or nothing is
+    written (the C side trusts both)."""
+    lib = kernel.load()
+    assert lib is not None
+    table = torch.randn(10, 4)
+    rows = kernel.KernelTables(lib, table, None)
+    out = torch.zeros(3, 4)  # room for 3 rows of fp32
+    ids = torch.tensor([1, 2])
+    for nbytes, kind in ((3 * 4 * 4, 0), (2 * 4 * 4 - 1, 0), (2 * 4 * 2, 0), (2 * 4 * 4, 1)):
+        with pytest.raises(ValueError):  # one row too many, a byte short, half, or bf16
+            rows.write(ids, None, 0, out.data_ptr(), nbytes, kind)
+    with pytest.raises(ValueError):
+        rows.write(ids.to(torch.int32), None, 0, out.data_ptr(), 2 * 4 * 4, 0)
+    with pytest.raises(ValueError):  # positions of another length
+        rows.write(ids, torch.tensor([0, 1, 2]), 0, out.data_ptr(), 2 * 4 * 4, 0)
+    assert torch.equal(out, torch.zeros(3, 4))
+    rows.write(ids, None, 0, out.data_ptr(), 2 * 4 * 4, 0)
+    assert torch.equal(out[:2], table[[1, 2]])
+    assert torch.equal(out[2], torch.zeros(4))
+    with pytest.raises(ValueError):  # tables are checked once, when made
+        kernel.KernelTables(lib, table.t(), None)
+    with pytest.raises(ValueError):
+        kernel.KernelTables(lib, table, torch.randn(5, 3))
+
+
 def test_guarded_write_into_a_shrunk_object_is_an_error_not_a_crash() -> None:
     """A store past the end of a shrunk shared-memory object (SIGBUS) ends that write with
     BusError, on any thread, and the process goes on; an intact mapping is written."""

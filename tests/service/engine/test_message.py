@@ -68,3 +68,39 @@ def test_batch_reply_round_trip() -> None:
     assert list(parsed.embeddings.shape) == [4, 3]
     assert parsed.embeddings.data == rows.numpy().tobytes()
     assert (parsed.timing.queue_ns, parsed.timing.total_ns) == (1, 4)
+
+
+@pytest.mark.parametrize("dtype", [pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT16, pb.DTYPE_BFLOAT16])
+@pytest.mark.parametrize("spans", [[(0, 5)], [(3, 4)], [(0, 2), (1, 3)]])
+def test_rows_written_by_address_equal_the_rows_written_through_the_tensor(
+        dtype: int, spans: list[tuple[int, int]]) -> None:
+    """``MessageBuffer.lookup`` (the kernel straight into the response bytes) lays out the
+    same answer as the lookup into its ``rows`` tensor on torch's path; once the bytes are
+    handed over, neither way can write them."""
+    from service.engine.tables import COMPOSE_TOKEN_PLUS_POSITION, EmbeddingTables
+
+    g = torch.Generator().manual_seed(len(spans))
+    token, position = torch.randn(50, 7, generator=g) * 40, torch.randn(9, 7, generator=g)
+    fast = EmbeddingTables(token, position, torch.device("cpu"))
+    slow = EmbeddingTables(token, position, torch.device("cpu"))
+    slow._kernel = None
+    assert fast._kernel is not None, "the kernel must build here (gcc is on this machine)"
+    N = sum(t for _, t in spans)
+    ids = torch.randint(0, 50, (N,), generator=g)
+    fields = pb.EmbedResponse(model="m", request_id="r")
+    answers = []
+    for tables in (fast, slow):
+        buffer = MessageBuffer(message_head(N, 7, dtype), (N, 7), BY_WIRE[dtype].torch,
+                               fields.SerializeToString(), timing_tag(fields.DESCRIPTOR))
+        if not buffer.lookup(tables, ids, spans, COMPOSE_TOKEN_PLUS_POSITION):
+            assert tables is slow  # torch's path: no kernel, the rows tensor instead
+            tables.embed_into([(ids, spans, buffer.rows)], COMPOSE_TOKEN_PLUS_POSITION)
+        answers.append(buffer.finish(Timing(1, 2, 3, 4)))
+        assert not buffer.lookup(fast, ids, spans, COMPOSE_TOKEN_PLUS_POSITION)
+        with pytest.raises(RuntimeError):
+            buffer.rows
+    assert answers[0] == answers[1]
+    parsed = pb.EmbedResponse.FromString(answers[0])
+    expected = fast.token_table[ids] + torch.cat([position[s: s + t] for s, t in spans])
+    wire = torch.frombuffer(bytearray(parsed.embeddings.data), dtype=BY_WIRE[dtype].torch)
+    assert torch.equal(wire.view(N, 7), expected.to(BY_WIRE[dtype].torch))
