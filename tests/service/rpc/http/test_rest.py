@@ -75,6 +75,42 @@ def test_binary_output_equals_native_embed(server: ServerHandle,
                                                dtype=DATATYPES[datatype])
 
 
+def test_one_sequence_answers_of_every_shape_have_their_own_header(
+        server: ServerHandle) -> None:
+    """A one-sequence binary answer without an id reuses the layout of the last answer of
+    its shape: each variant (T, start, truncation, dtype, compose, outputs and their
+    order), asked twice and interleaved with the others, gets the header its own request
+    with an id gets (built afresh), less the id, and the same bytes after it."""
+    variants = []
+    for T, start, datatype, compose in ((5, 0, "FP32", "token_plus_position"),
+                                        (5, 3, "FP32", "token_plus_position"),
+                                        (6, 0, "BF16", "token_only"),
+                                        (5, 0, "FP16", "position_only")):
+        for outputs in ([{"name": "embeddings", "parameters": {"binary_data": True}}],
+                        [{"name": "sequence_lengths", "parameters": {"binary_data": True}},
+                         {"name": "embeddings", "parameters": {"binary_data": True}}],
+                        [{"name": "embeddings", "parameters": {"binary_data": True}},
+                         {"name": "sequence_lengths"}]):
+            body = infer_body([list(range(1, T + 1))], start_position=start,
+                              datatype=datatype, compose=compose)
+            body["outputs"] = outputs
+            variants.append(body)
+    long = infer_body([list(range(1, 81))], truncate="right")  # past max_seq_len (64)
+    long["outputs"] = variants[0]["outputs"]
+    variants.append(long)
+    for body in variants + variants:
+        plain = request(server.http_port, "POST", "/v2/models/tiny/infer", body)
+        with_id = request(server.http_port, "POST", "/v2/models/tiny/infer",
+                          {**body, "id": "x"})
+        header, binary = binary_outputs(plain)
+        header_id, binary_id = binary_outputs(with_id)
+        assert header_id.pop("id") == "x"
+        assert (header, binary) == (header_id, binary_id), body
+    truncated, _ = binary_outputs(request(server.http_port, "POST", "/v2/models/tiny/infer",
+                                          long))
+    assert truncated["parameters"]["truncated_tokens"] == 80 - 64
+
+
 @pytest.mark.parametrize("compose", list(COMPOSE))
 def test_json_output_fp32_is_bit_exact(server: ServerHandle,
                                        native: pb_grpc.EmbeddingServiceStub,
@@ -209,10 +245,24 @@ _NOT_INTEGERS = "INT64 data must be integers (a flat list, or nested lists of on
 ])
 def test_json_ids_outside_their_datatype_are_refused(server: ServerHandle, datatype: str,
                                                      row: list[int], error: str) -> None:
-    body = infer_body([row])
-    body["inputs"][0]["datatype"] = datatype
+    for data in ([row], row):  # nested [[...]], and flat [...] (a short one is read apart)
+        body = infer_body([row])
+        body["inputs"][0].update(datatype=datatype, data=data)
+        reply = request(server.http_port, "POST", "/v2/models/tiny/infer", body)
+        assert (reply.status, reply.json()) == (400, {"error": f"input 'input_ids': {error}"})
+
+
+@pytest.mark.parametrize("row", [["5"], [1.0], [1, 2.5], [3, None], [1, [2]]])
+def test_json_ids_that_are_not_integers_are_refused(server: ServerHandle,
+                                                    row: list[object]) -> None:
+    """A short flat list is copied as int64 without numpy reading its types: a string, a
+    float (even a whole one) or a null among its values must still be refused, not read
+    as the integer it would convert to."""
+    body = infer_body([[1] * len(row)])
+    body["inputs"][0]["data"] = row
     reply = request(server.http_port, "POST", "/v2/models/tiny/infer", body)
-    assert (reply.status, reply.json()) == (400, {"error": f"input 'input_ids': {error}"})
+    assert (reply.status, reply.json()) == (400, {
+        "error": f"input 'input_ids': {_NOT_INTEGERS}"})
 
 
 @pytest.mark.parametrize("row", [
