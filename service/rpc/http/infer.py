@@ -5,6 +5,9 @@ tensor data extension): the ``Inference-Header-Content-Length`` header gives the
 length; each input whose ``parameters`` carry ``binary_data_size`` takes that many bytes
 after it, in input order. Parameters, output names and input checks are the gRPC form's
 own (``oip_tensors``), so both forms answer a request with the same values and messages.
+The usual small request (one short sequence of JSON ids, as a chat turn sends it) is read in
+a few steps (``_usual``); any other, or anything in it out of the ordinary, by ``_read``,
+which checks every field and words each refusal: the two agree on what both read.
 
 Response: the outputs asked for, in the order asked (default: ``embeddings``, then
 ``sequence_lengths``). An output is binary when its ``binary_data`` parameter says so, else
@@ -17,19 +20,19 @@ asking for them in JSON is refused here, before any work, as Triton refuses it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import orjson
 
 from genproto.embedding.v1 import embedding_pb2 as pb
-from service.engine import Inputs, Options
+from service.engine import Input, Inputs, Options
 from service.errors import InvalidArgument
+from service.rpc.http.json_data import INT, WALK_IDS, JsonTexts, ints
 from service.rpc.oip_tensors import (
     DATATYPES,
-    ID_DTYPES,
     ONE_INPUT,
     datatype,
     output_names,
@@ -45,45 +48,23 @@ _DEFAULT_ORDER = ("embeddings", "sequence_lengths")
 _DIGITS = bytes(49 if 48 <= c <= 57 else 48 for c in range(256))  # digit -> "1", else "0"
 _LONG_NUMBER = b"1" * 19  # a number past int64's range has 19 digits or more
 _ORJSON_MAX = 1 << 18
-_WALK_IDS = 64  # ids walked for booleans without first asking numpy for a 0 or 1
-_INT = frozenset({int})  # the type of a JSON integer as parsed (bool is its own type)
-_INT64 = ID_DTYPES["INT64"]
+# The usual request's fields (``_usual``); anything else is read by ``_read``.
+_USUAL_KEYS = frozenset({"id", "inputs", "parameters", "outputs"})
+_USUAL_INPUT = {"name", "datatype", "shape", "data"}
+_USUAL_PARAMETERS = frozenset({"datatype", "binary_data_output"})
+_USUAL_DTYPES = {name: wire for wire, name in DATATYPES.items()}  # "FP32": its name exactly
+_USUAL_OUTPUT = frozenset({"name", "parameters"})
+_USUAL_BINARY = frozenset({"binary_data"})
+_NONE: dict[str, Any] = {}  # an absent object, read only
 
 
-class _JsonTexts(Sequence[bytes]):
-    """A BYTES tensor's JSON strings, as UTF-8: ``len`` is the data's top-level count (B in
-    every layout of a ``[B]`` or ``[B, 1]`` tensor), known without visiting a string, so the
-    declared shape and ``max_inputs_per_request`` are checked first, as on gRPC; each string
-    is encoded only when admission builds the inputs."""
-
-    def __init__(self, name: str, data: list[Any]) -> None:
-        self.name = name
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __iter__(self) -> Iterator[bytes]:
-        for s in _flat(self.data):
-            if not isinstance(s, str):
-                raise InvalidArgument(f"input {self.name!r}: BYTES data must be strings")
-            yield s.encode("utf-8", "surrogatepass")  # a lone surrogate: refused as UTF-8
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
-    def __getitem__(self, index: int | slice) -> bytes | Sequence[bytes]:
-        return list(self)[index]
-
-
-@dataclass
+@dataclass(slots=True)
 class InferRequest:
     """A parsed infer request: what admission takes, and how to answer."""
 
     request_id: str
     options: Options
-    inputs: Inputs
+    inputs: Sequence[Input]
     outputs: list[tuple[str, bool]]  # (name, binary), in response order
 
 
@@ -95,7 +76,76 @@ def parse_infer(body: bytes, header_length: int | None, model: str,
         raise InvalidArgument(f"Inference-Header-Content-Length={size} is outside the body "
                               f"of {len(body)} bytes")
     header = _json_object(body[:size])
-    binary = memoryview(body)[size:]
+    if size == len(body):
+        usual = _usual(header, model, version)
+        if usual is not None:
+            return usual
+    return _read(header, memoryview(body)[size:], model, version)
+
+
+def _usual(header: dict[str, Any], model: str, version: int) -> InferRequest | None:
+    """The usual small request, read in a few steps: one sequence of at most ``WALK_IDS``
+    JSON integer ids, ``input_ids`` INT64 [1, T], no binary data, parameters no more than
+    the output ``datatype`` (by its name) and ``binary_data_output``, each output a name
+    and its ``binary_data``. None for anything else: ``_read`` then decides, and words
+    its refusals. What this accepts, ``_read`` reads the same (tests/service/rpc/http/
+    test_infer_parse.py compares the two over many bodies)."""
+    inputs = header.get("inputs")
+    if not _USUAL_KEYS.issuperset(header) or type(inputs) is not list or len(inputs) != 1:
+        return None
+    t = inputs[0]
+    if type(t) is not dict or t.keys() != _USUAL_INPUT or t["name"] != "input_ids" \
+            or t["datatype"] != "INT64":
+        return None
+    shape, data = t["shape"], t["data"]
+    if type(shape) is not list or len(shape) != 2 or not INT.issuperset(map(type, shape)) \
+            or type(data) is not list or shape != [1, len(data)] \
+            or not 0 < len(data) <= WALK_IDS or not INT.issuperset(map(type, data)):
+        return None
+    request_id = header.get("id", "")
+    params = header.get("parameters", _NONE)
+    if type(request_id) is not str or not request_id.isascii() or type(params) is not dict \
+            or not _USUAL_PARAMETERS.issuperset(params):
+        return None
+    binary_default = params.get("binary_data_output", False)
+    name = params.get("datatype", "FP32")
+    dtype = _USUAL_DTYPES.get(name) if type(name) is str else None
+    if type(binary_default) is not bool or dtype is None:
+        return None
+    raw = header.get("outputs")
+    if raw is None or raw == []:
+        outputs = [(name, binary_default) for name in _DEFAULT_ORDER]
+    elif type(raw) is not list or len(raw) > len(_DEFAULT_ORDER):
+        return None
+    else:
+        outputs = []
+        for o in raw:
+            p = o.get("parameters", _NONE) if type(o) is dict else None
+            name = o.get("name") if type(o) is dict else None
+            if type(p) is not dict or not _USUAL_OUTPUT.issuperset(o) \
+                    or not _USUAL_BINARY.issuperset(p) or name not in _DEFAULT_ORDER \
+                    or (name, True) in outputs or (name, False) in outputs:
+                return None
+            binary = p.get("binary_data", binary_default)
+            if type(binary) is not bool:
+                return None
+            outputs.append((name, binary))
+        if ("embeddings", True) not in outputs and ("embeddings", False) not in outputs:
+            return None
+    if dtype != pb.DTYPE_FLOAT32 and ("embeddings", False) in outputs:
+        return None  # refused by _read: FP16/BF16 travel only as binary
+    try:
+        ids = np.fromiter(data, np.int64, len(data))  # (T,)
+    except OverflowError:  # past int64: _read words it
+        return None
+    return InferRequest(request_id, Options(model, version, dtype=dtype),
+                        [Input("input_ids[0]", ids=ids, value_field="input_ids[0]")], outputs)
+
+
+def _read(header: dict[str, Any], binary: memoryview, model: str,
+          version: int) -> InferRequest:
+    """Any infer request: its JSON header read and checked field by field, and the binary
+    data after it."""
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgument(f"id={request_id!r} must be a string")
@@ -190,7 +240,7 @@ def _inputs(raw: Any, binary: memoryview, start_position: int) -> Inputs:
     t = raw[0]
     name, dt, shape = t.get("name"), t.get("datatype"), t.get("shape")
     if not isinstance(name, str) or not isinstance(dt, str) or not isinstance(shape, list) \
-            or not _INT.issuperset(map(type, shape)):  # JSON integers (a bool is not one)
+            or not INT.issuperset(map(type, shape)):  # JSON integers (a bool is not one)
         raise InvalidArgument("inputs[0] needs 'name' (string), 'datatype' (string) and "
                               "'shape' (list of integers)")
     p = t.get("parameters", {})
@@ -217,67 +267,8 @@ def _inputs(raw: Any, binary: memoryview, start_position: int) -> Inputs:
     if dt == "BYTES" and name == "text":
         if not isinstance(data, list):
             raise InvalidArgument("tensor 'data' must be a JSON list")
-        return read_tensor(name, dt, shape, start_position, texts=_JsonTexts(name, data))
-    return read_tensor(name, dt, shape, start_position, ints=_ints(name, dt, data),
+        return read_tensor(name, dt, shape, start_position, texts=JsonTexts(name, data))
+    return read_tensor(name, dt, shape, start_position, ints=ints(name, dt, data),
                        ints_field="data")
 
 
-def _ints(name: str, datatype: str, data: Any) -> np.ndarray:
-    """JSON ``data`` (flat or nested, row-major) as the tensor's values, flat, each checked
-    to fit its datatype; the reader checks their count against the shape."""
-    dt = ID_DTYPES.get(datatype)
-    if dt is None:  # the reader names the expected input names and datatypes, unwalked
-        return np.empty(0, np.int64)
-    if not isinstance(data, list):
-        raise InvalidArgument("tensor 'data' must be a JSON list")
-    if dt is _INT64 and 0 < len(data) <= _WALK_IDS and _INT.issuperset(map(type, data)):
-        # A short flat list of JSON integers (a chat turn's ids): copied as they are,
-        # without numpy first finding their type. One past int64 is read below.
-        try:
-            return np.fromiter(data, np.int64, len(data))  # (B*T,)
-        except OverflowError:
-            pass
-    try:  # numpy reads the (nested, row-major) list in C: T=1024 in ~50 µs, not ~1 ms
-        values = np.asarray(data)
-    except (ValueError, OverflowError):  # ragged nesting
-        values = np.asarray([None])
-    integers = values.dtype.kind in "iu" and not (values.size and _has_bool(data, values))
-    if not integers and not (values.size == 0 and values.ndim == 1):
-        raise InvalidArgument(f"input {name!r}: {datatype} data must be "
-                              f"integers (a flat list, or nested lists of one shape)")
-    # An int64 array read from Python ints already holds INT64's range (numpy refuses or
-    # widens to uint64 past it): only a narrower datatype or a uint64 array needs the pass.
-    if values.dtype != np.int64 or dt != np.int64:
-        info = np.iinfo(dt)
-        if values.size and (values.min() < info.min or values.max() > info.max):
-            raise InvalidArgument(f"input {name!r}: a value is outside {datatype}")
-    return values.reshape(-1)  # (B*T,)
-
-
-def _has_bool(data: list[Any], values: np.ndarray) -> bool:
-    """Whether a JSON ``true`` or ``false`` sits among the integers (numpy reads them with
-    ints as 1 and 0). Only a 1 or a 0 can be one, so a long list is walked only when it
-    holds one."""
-    if values.size > _WALK_IDS and not (values <= 1).any():
-        return False
-    return bool in map(type, _flat(data))
-
-
-def _flat(data: Any) -> list[Any]:
-    """Nested lists in row-major order, walked with a stack, not recursion: a body may
-    nest as deep as the JSON parser allows."""
-    if not isinstance(data, list):
-        raise InvalidArgument("tensor 'data' must be a JSON list")
-    if list not in map(type, data):  # in C: a flat list is the common case
-        return data
-    out: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for v in stack[-1]:
-            if isinstance(v, list):
-                stack.append(iter(v))
-                break
-            out.append(v)
-        else:
-            stack.pop()
-    return out
