@@ -31,10 +31,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.harness.checkpoint import VOCAB_SIZE, Shape, ensure_model
+from bench.harness.checkpoint import MODEL_NAME, VOCAB_SIZE, Shape, ensure_model
 from bench.harness.config import BenchConfig
 from bench.harness.launch import stop
 from bench.harness.report import SuiteResult
+from bench.suites import in_context
 from bench.suites.serving import Cell, measure_cell, request_ids, start_servers
 
 __all__ = ["STAGES", "WIRES", "run", "stage_of", "tally"]
@@ -159,4 +160,27 @@ def run(cfg: BenchConfig, log: Any = print) -> SuiteResult:
                     log(f"profile: {cell.key}: {rows[-1]['cpu_us']:.0f} µs of CPU per reply")
     finally:
         stop(servers.values())
-    return SuiteResult("profile", {"T": T, "rate": _RATE, "cells": rows}, _table(rows))
+    context = _in_context(cfg, repo, ids[T][0])
+    log(f"profile: a REST T={T} request in context, in-process: service "
+        f"{context['service_us']:.0f} µs, lookup floor {context['floor_us']:.0f} µs")
+    text = _table(rows) + (f"\n\nA REST binary T={T} request in context, in-process (no sockets;"
+                           f" bench/suites/in_context.py): service "
+                           f"{context['service_us']:.1f} µs, lookup floor "
+                           f"{context['floor_us']:.1f} µs")
+    return SuiteResult("profile", {"T": T, "rate": _RATE, "cells": rows,
+                                   "in_context": context}, text)
+
+
+def _in_context(cfg: BenchConfig, repo: Path, ids: list[int]) -> dict[str, float]:
+    """``in_context.measure`` on an in-process service of the serving configuration."""
+    from service.config import ServerConfig
+    from service.local import start_in_thread
+
+    handle = start_in_thread(ServerConfig(
+        model_repository=repo / "models", host="127.0.0.1", grpc_port=0, http_port=0,
+        metrics_port=-1, poll_seconds=0, device="cpu"))
+    try:
+        n = 300 if cfg.quick else 3000
+        return in_context.measure(handle, repo / "models" / MODEL_NAME / "1", ids, n=n)
+    finally:
+        handle.stop()
