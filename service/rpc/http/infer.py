@@ -53,8 +53,6 @@ _USUAL_KEYS = frozenset({"id", "inputs", "parameters", "outputs"})
 _USUAL_INPUT = {"name", "datatype", "shape", "data"}
 _USUAL_PARAMETERS = frozenset({"datatype", "binary_data_output"})
 _USUAL_DTYPES = {name: wire for wire, name in DATATYPES.items()}  # "FP32": its name exactly
-_USUAL_OUTPUT = frozenset({"name", "parameters"})
-_USUAL_BINARY = frozenset({"binary_data"})
 _NONE: dict[str, Any] = {}  # an absent object, read only
 
 
@@ -86,10 +84,10 @@ def parse_infer(body: bytes, header_length: int | None, model: str,
 def _usual(header: dict[str, Any], model: str, version: int) -> InferRequest | None:
     """The usual small request, read in a few steps: one sequence of at most ``WALK_IDS``
     JSON integer ids, ``input_ids`` INT64 [1, T], no binary data, parameters no more than
-    the output ``datatype`` (by its name) and ``binary_data_output``, each output a name
-    and its ``binary_data``. None for anything else: ``_read`` then decides, and words
-    its refusals. What this accepts, ``_read`` reads the same (tests/service/rpc/http/
-    test_infer_parse.py compares the two over many bodies)."""
+    the output ``datatype`` (by its name) and ``binary_data_output``, outputs as ``_read``
+    reads them (``_outputs``) without a datatype of their own. None for anything else:
+    ``_read`` then decides, and words its refusals. What this accepts, ``_read`` reads the
+    same (tests/service/rpc/http/test_infer_parse.py compares the two over many bodies)."""
     inputs = header.get("inputs")
     if not _USUAL_KEYS.issuperset(header) or type(inputs) is not list or len(inputs) != 1:
         return None
@@ -112,27 +110,13 @@ def _usual(header: dict[str, Any], model: str, version: int) -> InferRequest | N
     dtype = _USUAL_DTYPES.get(name) if type(name) is str else None
     if type(binary_default) is not bool or dtype is None:
         return None
-    raw = header.get("outputs")
-    if raw is None or raw == []:
-        outputs = [(name, binary_default) for name in _DEFAULT_ORDER]
-    elif type(raw) is not list or len(raw) > len(_DEFAULT_ORDER):
+    try:  # the outputs as _read reads them; one that names its own datatype is not usual
+        outputs, output_dtype = _outputs(header.get("outputs"), binary_default)
+    except InvalidArgument:
         return None
-    else:
-        outputs = []
-        for o in raw:
-            p = o.get("parameters", _NONE) if type(o) is dict else None
-            name = o.get("name") if type(o) is dict else None
-            if type(p) is not dict or not _USUAL_OUTPUT.issuperset(o) \
-                    or not _USUAL_BINARY.issuperset(p) or name not in _DEFAULT_ORDER \
-                    or (name, True) in outputs or (name, False) in outputs:
-                return None
-            binary = p.get("binary_data", binary_default)
-            if type(binary) is not bool:
-                return None
-            outputs.append((name, binary))
-        if ("embeddings", True) not in outputs and ("embeddings", False) not in outputs:
-            return None
-    if dtype != pb.DTYPE_FLOAT32 and ("embeddings", False) in outputs:
+    if output_dtype is not None:
+        return None
+    if dtype != pb.DTYPE_FLOAT32 and not dict(outputs)["embeddings"]:
         return None  # refused by _read: FP16/BF16 travel only as binary
     try:
         ids = np.fromiter(data, np.int64, len(data))  # (T,)
