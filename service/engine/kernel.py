@@ -21,12 +21,12 @@ import torch
 
 from service.engine.kernel_build import build, library_path
 
-__all__ = ["OUT_KINDS", "BusError", "KernelTables", "build", "embed_rows", "guarded", "load"]
+__all__ = ["OUT_KINDS", "BusError", "KernelTables", "build", "guarded", "load"]
 
 log = logging.getLogger(__name__)
 _guarded = False  # set by load()
 OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_ITEMSIZE = {0: 4, 1: 2, 2: 2}  # bytes per value of each OUT_KINDS kind
+_ITEMSIZE = {kind: dtype.itemsize for dtype, kind in OUT_KINDS.items()}
 _F32, _I64 = torch.float32, torch.int64  # dtypes are singletons: compared with `is`
 
 
@@ -95,7 +95,9 @@ class KernelTables:
               address: int, nbytes: int, kind: int, guarded: bool = False) -> None:
         """Rows of ``ids`` (+ position rows at ``positions``, or from ``start``) into the
         ``nbytes`` of writable memory at ``address``, in the out dtype ``kind``
-        (``OUT_KINDS``). The errors of ``embed_rows``."""
+        (``OUT_KINDS``). IndexError if an index is outside its table; ``guarded`` (the
+        memory maps an object another process may shrink): BusError if a store faulted,
+        and the rows are then partly written."""
         n = ids.shape[0]
         # The C side trusts these: a mismatch would write outside the memory given.
         if not (ids.dtype is _I64 and ids.is_contiguous()
@@ -113,23 +115,6 @@ class KernelTables:
             raise BusError("the memory being written went away (SIGBUS)")
         if rc != 0:
             raise IndexError(f"lookup kernel refused its indices (rc={rc})")
-
-
-def embed_rows(lib: ctypes.CDLL, table: torch.Tensor, ids: torch.Tensor,
-               position_table: torch.Tensor | None, positions: torch.Tensor | None,
-               start: int, out: torch.Tensor, guarded: bool = False) -> None:
-    """out[i] = table[ids[i]] (+ position_table[positions[i] or start + i]), fp32 add,
-    rounded once into out's dtype. Tables fp32 and contiguous; ids/positions int64
-    contiguous; out (N, dim) contiguous. Raises IndexError if an index is outside its
-    table; ``guarded`` (out maps memory another process may shrink): BusError if a store
-    faulted, and the rows are then partly written. (``KernelTables.write`` without the
-    tables' checks, for tables used again and again.)"""
-    tables = KernelTables(lib, table, position_table)
-    if not (out.is_contiguous() and out.shape == (ids.shape[0], tables.dim)
-            and out.dtype in OUT_KINDS):
-        raise ValueError("lookup kernel: tensors of the wrong layout, dtype or shape")
-    tables.write(ids, positions, start, out.data_ptr(), out.numel() * out.element_size(),
-                 OUT_KINDS[out.dtype], guarded)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,18 @@ def tables() -> tuple[EmbeddingTables, EmbeddingTables]:
     return fast, slow
 
 
+def embed_rows(lib: object, table: torch.Tensor, ids: torch.Tensor,
+               position_table: torch.Tensor | None, positions: torch.Tensor | None,
+               start: int, out: torch.Tensor, guarded: bool = False) -> None:
+    """out (N, C) = table[ids] (+ position rows at ``positions``, or from ``start``): the
+    kernel on tensors, ``out``'s layout checked as the tables check theirs."""
+    assert out.is_contiguous()
+    assert out.shape == (ids.shape[0], table.shape[1])
+    kernel.KernelTables(lib, table, position_table).write(  # type: ignore[arg-type]
+        ids, positions, start, out.data_ptr(), out.numel() * out.element_size(),
+        kernel.OUT_KINDS[out.dtype], guarded)
+
+
 def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.int32 if x.dtype == torch.float32 else torch.int16)
 
@@ -91,7 +103,7 @@ def test_rounding_edges_and_row_tails_match_torch(dim: int, dtype: torch.dtype) 
     for pos_table, positions in ((None, None), (position, torch.tensor([0, 1, 0, 3]))):
         reference = table[ids] if pos_table is None else table[ids] + position[positions]
         out = torch.empty(4, dim, dtype=dtype)
-        kernel.embed_rows(lib, table, ids, pos_table, positions, 0, out)
+        embed_rows(lib, table, ids, pos_table, positions, 0, out)
         assert torch.equal(_bits(out), _bits(reference.to(dtype)))
 
 
@@ -101,13 +113,13 @@ def test_kernel_refuses_an_index_outside_its_table() -> None:
     table, position = torch.randn(10, 4), torch.randn(5, 4)
     out = torch.zeros(2, 4)
     with pytest.raises(IndexError):
-        kernel.embed_rows(lib, table, torch.tensor([1, 10]), None, None, 0, out)
+        embed_rows(lib, table, torch.tensor([1, 10]), None, None, 0, out)
     with pytest.raises(IndexError):
-        kernel.embed_rows(lib, table, torch.tensor([-1, 0]), None, None, 0, out)
+        embed_rows(lib, table, torch.tensor([-1, 0]), None, None, 0, out)
     with pytest.raises(IndexError):  # start + i runs past the position table
-        kernel.embed_rows(lib, table, torch.tensor([1, 2]), position, None, 4, out)
+        embed_rows(lib, table, torch.tensor([1, 2]), position, None, 4, out)
     assert torch.equal(out, torch.zeros(2, 4))  # nothing written
-    kernel.embed_rows(lib, table, torch.tensor([1, 2]), position, None, 3, out)
+    embed_rows(lib, table, torch.tensor([1, 2]), position, None, 3, out)
     assert torch.equal(out, table[[1, 2]] + position[3:5])
 
 
@@ -156,16 +168,16 @@ def test_guarded_write_into_a_shrunk_object_is_an_error_not_a_crash() -> None:
         with mmap.mmap(fd, 8 * 4096) as mapping:
             rows = torch.frombuffer(mapping, dtype=torch.float32).view(8, 1024)
             ids = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
-            kernel.embed_rows(lib, table, ids, None, None, 0, rows, guarded=True)
+            embed_rows(lib, table, ids, None, None, 0, rows, guarded=True)
             assert torch.equal(rows, table[ids])
             os.ftruncate(fd, 4096)  # the owner shrinks it to one page under the mapping
             with pytest.raises(kernel.BusError):
-                kernel.embed_rows(lib, table, ids, None, None, 0, rows, guarded=True)
+                embed_rows(lib, table, ids, None, None, 0, rows, guarded=True)
             errors: list[BaseException] = []
 
             def on_a_thread(out: torch.Tensor = rows) -> None:
                 try:
-                    kernel.embed_rows(lib, table, ids, None, None, 0, out, guarded=True)
+                    embed_rows(lib, table, ids, None, None, 0, out, guarded=True)
                 except BaseException as e:
                     errors.append(e)
 
@@ -174,7 +186,7 @@ def test_guarded_write_into_a_shrunk_object_is_an_error_not_a_crash() -> None:
             thread.join()
             del on_a_thread  # its default holds a view of the mapping
             assert [type(e) for e in errors] == [kernel.BusError]
-            kernel.embed_rows(lib, table, ids[:1], None, None, 0, rows[:1], guarded=True)
+            embed_rows(lib, table, ids[:1], None, None, 0, rows[:1], guarded=True)
             assert torch.equal(rows[0], table[1])  # the page still there is written
             del rows
     finally:
