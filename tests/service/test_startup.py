@@ -128,14 +128,35 @@ def test_port_in_use(repo: Path, held_port: int, flag: str) -> None:
     assert f"choose another port with {flag}" in line
 
 
-def test_port_in_use_with_workers(repo: Path, held_port: int) -> None:
+def _free_below_held() -> tuple[int, socket.socket]:
+    """A free port P and a listener holding P + 1 (the port below an arbitrary held one may
+    be another program's)."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            free = probe.getsockname()[1]
+        held = socket.socket()
+        try:
+            held.bind(("127.0.0.1", free + 1))
+        except OSError:
+            held.close()
+            continue
+        held.listen()
+        return free, held
+    raise RuntimeError("no free port with a free port above it")
+
+
+def test_port_in_use_with_workers(repo: Path) -> None:
     """Worker 1's metrics port (--metrics-port + 1) is taken: refused before any worker."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         grpc_port = s.getsockname()[1]
-    line = refusal("--model-repository", str(repo), "--workers", "2", "--grpc-port",
-                   str(grpc_port), "--http-port", "-1", "--metrics-port", str(held_port - 1))
-    assert f"--metrics-port {held_port}: port {held_port} on 127.0.0.1 is already in use" in line
+    free, held = _free_below_held()
+    with held:
+        line = refusal("--model-repository", str(repo), "--workers", "2", "--grpc-port",
+                       str(grpc_port), "--http-port", "-1", "--metrics-port", str(free))
+    taken = free + 1
+    assert f"--metrics-port {taken}: port {taken} on 127.0.0.1 is already in use" in line
 
 
 def test_grpc_port_in_use_with_workers(repo: Path, held_port: int) -> None:
