@@ -18,6 +18,7 @@ with rows past each sequence's length zeroed (``padded``).
 from __future__ import annotations
 
 import functools
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -155,7 +156,7 @@ class OipReply(Reply[bytes]):
 
     padded = True
 
-    def __init__(self, request_id: str, wanted: set[str],
+    def __init__(self, request_id: str, wanted: AbstractSet[str],
                  region: RegionOutput | None = None) -> None:
         self._id = request_id
         self._lengths = "sequence_lengths" in wanted

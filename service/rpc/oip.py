@@ -27,9 +27,10 @@ from importlib import metadata
 from typing import Any
 
 import grpc
+import numpy as np
 
 from genproto.inference.v2 import grpc_service_pb2 as oip
-from service.engine import Engine, OipReply, Options, RegionOutput, Request
+from service.engine import Engine, Input, OipReply, Options, RegionOutput, Request
 from service.errors import EmbedError
 from service.rpc.frame import Call, Frame
 from service.rpc.oip_tensors import (
@@ -41,10 +42,12 @@ from service.rpc.oip_tensors import (
     requested_outputs,
 )
 
-__all__ = ["OIP_SERVICE_NAME", "OipFront"]
+__all__ = ["OIP_SERVICE_NAME", "OipFront", "read_infer", "usual_infer"]
 
 OIP_SERVICE_NAME = "inference.GRPCInferenceService"
 EXTENSIONS = ["parameters", "system_shared_memory"]  # what ServerMetadata advertises
+_ALL_OUTPUTS = frozenset({"embeddings", "sequence_lengths"})  # none named: all of them
+_EMBEDDINGS = frozenset({"embeddings"})
 
 
 class OipFront:
@@ -120,18 +123,9 @@ class OipFront:
 
     async def ModelInfer(self, request: oip.ModelInferRequest, call: Call) -> bytes:
         """Token ids or text in, [B, T, C] input embeddings out."""
-        params = request_parameters(request)
-        wanted, shm = requested_outputs(request)
-        dtype = output_dtype(request, params)
-        inputs = read_input(request, params["start_position"])
-        options = Options(request.model_name, _version(request.model_version),
-                          params["compose"], dtype, params["truncate"],
-                          params["allow_special_tokens"], params["add_special_tokens"],
-                          in_message=shm is None)
-        region = None if shm is None else RegionOutput(*shm, "outputs['embeddings']")
-        return await self.engine.embed(Request(
-            options, inputs, OipReply(request.id, wanted, region), call.start_ns,
-            call.deadline, request.id, call))
+        options, inputs, reply = usual_infer(request) or read_infer(request)
+        return await self.engine.embed(Request(options, inputs, reply, call.start_ns,
+                                               call.deadline, request.id, call))
 
     # -- shared memory (Triton's system shared-memory extension) --------------------------
 
@@ -181,6 +175,51 @@ class OipFront:
         """The caller's registered CUDA regions (or the one named)."""
         return _status(oip.CudaSharedMemoryStatusResponse(),
                        self.engine.cuda_shm.regions(call, request.name), ("device_id",))
+
+
+Read = tuple[Options, Sequence[Input], OipReply]  # what the engine takes from a ModelInfer
+
+
+def read_infer(request: oip.ModelInferRequest) -> Read:
+    """Any ModelInfer request, every field read and checked: the engine's options, the
+    sequences and the reply its answer is laid out in."""
+    params = request_parameters(request)
+    wanted, shm = requested_outputs(request)
+    dtype = output_dtype(request, params)
+    inputs = read_input(request, params["start_position"])
+    options = Options(request.model_name, _version(request.model_version),
+                      params["compose"], dtype, params["truncate"],
+                      params["allow_special_tokens"], params["add_special_tokens"],
+                      in_message=shm is None)
+    region = None if shm is None else RegionOutput(*shm, "outputs['embeddings']")
+    return options, inputs, OipReply(request.id, wanted, region)
+
+
+def usual_infer(request: oip.ModelInferRequest) -> Read | None:
+    """The usual small request, read in a few steps: ``input_ids`` INT64 [1, T] in
+    ``raw_input_contents``, no parameters, outputs none or ``embeddings`` alone without
+    parameters. None for anything else: ``read_infer`` then decides, and words its
+    refusals; what this reads, ``read_infer`` reads the same
+    (tests/service/rpc/oip/test_oip_usual.py compares the two over many requests)."""
+    if len(request.inputs) != 1 or len(request.raw_input_contents) != 1 \
+            or request.parameters:
+        return None
+    tensor, raw = request.inputs[0], request.raw_input_contents[0]
+    shape = tensor.shape
+    if tensor.name != "input_ids" or tensor.datatype != "INT64" or tensor.parameters \
+            or len(shape) != 2 or shape[0] != 1 or not 0 < 8 * shape[1] == len(raw):
+        return None
+    outputs = request.outputs
+    if not outputs:
+        wanted = _ALL_OUTPUTS
+    elif len(outputs) == 1 and outputs[0].name == "embeddings" and not outputs[0].parameters:
+        wanted = _EMBEDDINGS
+    else:
+        return None
+    ids = np.frombuffer(raw, "<i8").copy()  # (T,) writable: torch shares its memory
+    return (Options(request.model_name, _version(request.model_version)),
+            [Input("input_ids[0]", ids=ids, value_field="input_ids[0]")],
+            OipReply(request.id, wanted))
 
 
 def _status(response: Any, regions: Sequence[Any], fields: tuple[str, ...]) -> Any:
