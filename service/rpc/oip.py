@@ -29,11 +29,13 @@ from typing import Any
 import grpc
 import numpy as np
 
+from genproto.embedding.v1 import embedding_pb2 as pb
 from genproto.inference.v2 import grpc_service_pb2 as oip
 from service.engine import Engine, Input, OipReply, Options, RegionOutput, Request
 from service.errors import EmbedError
 from service.rpc.frame import Call, Frame
 from service.rpc.oip_tensors import (
+    DATATYPES,
     model_metadata,
     model_version,
     output_dtype,
@@ -48,6 +50,7 @@ OIP_SERVICE_NAME = "inference.GRPCInferenceService"
 EXTENSIONS = ["parameters", "system_shared_memory"]  # what ServerMetadata advertises
 _ALL_OUTPUTS = frozenset({"embeddings", "sequence_lengths"})  # none named: all of them
 _EMBEDDINGS = frozenset({"embeddings"})
+_USUAL_DTYPES = {name: wire for wire, name in DATATYPES.items()}  # "FP32": its name exactly
 
 
 class OipFront:
@@ -197,13 +200,24 @@ def read_infer(request: oip.ModelInferRequest) -> Read:
 
 def usual_infer(request: oip.ModelInferRequest) -> Read | None:
     """The usual small request, read in a few steps: ``input_ids`` INT64 [1, T] in
-    ``raw_input_contents``, no parameters, outputs none or ``embeddings`` alone without
-    parameters. None for anything else: ``read_infer`` then decides, and words its
-    refusals; what this reads, ``read_infer`` reads the same
-    (tests/service/rpc/oip/test_oip_usual.py compares the two over many requests)."""
-    if len(request.inputs) != 1 or len(request.raw_input_contents) != 1 \
-            or request.parameters:
+    ``raw_input_contents``, no parameters but the output ``datatype`` (by its name),
+    outputs none or ``embeddings`` alone without parameters. None for anything else:
+    ``read_infer`` then decides, and words its refusals; what this reads, ``read_infer``
+    reads the same (tests/service/rpc/oip/test_oip_usual.py compares the two over many
+    requests)."""
+    if len(request.inputs) != 1 or len(request.raw_input_contents) != 1:
         return None
+    dtype = pb.DTYPE_FLOAT32
+    if request.parameters:  # the output datatype alone, by its exact name
+        params = request.parameters
+        if len(params) != 1 or "datatype" not in params:
+            return None
+        value = params["datatype"]
+        if value.WhichOneof("parameter_choice") != "string_param":
+            return None
+        dtype = _USUAL_DTYPES.get(value.string_param, -1)
+        if dtype < 0:
+            return None
     tensor, raw = request.inputs[0], request.raw_input_contents[0]
     shape = tensor.shape
     if tensor.name != "input_ids" or tensor.datatype != "INT64" or tensor.parameters \
@@ -217,7 +231,7 @@ def usual_infer(request: oip.ModelInferRequest) -> Read | None:
     else:
         return None
     ids = np.frombuffer(raw, "<i8").copy()  # (T,) writable: torch shares its memory
-    return (Options(request.model_name, _version(request.model_version)),
+    return (Options(request.model_name, _version(request.model_version), dtype=dtype),
             [Input("input_ids[0]", ids=ids, value_field="input_ids[0]")],
             OipReply(request.id, wanted))
 

@@ -30,9 +30,11 @@ IDS_FORMS: list[tuple[list[int], str, list[Any]]] = [
 ]
 TENSOR: list[dict[str, Any]] = [{}, {"name": "text"}, {"datatype": "INT32"},
                                 {"datatype": "int64"}, {"parameters": {"x": 1}}]
-PARAMETERS: list[dict[str, Any]] = [{}, {"datatype": "BF16"}, {"start_position": 3},
-                                    {"compose": "token_only"}, {"priority": 1},
-                                    {"unknown": 1}]
+PARAMETERS: list[dict[str, Any]] = [{}, {"datatype": "BF16"}, {"datatype": "fp16"},
+                                    {"datatype": 1}, {"datatype": "INT8"},
+                                    {"start_position": 3}, {"compose": "token_only"},
+                                    {"priority": 1}, {"unknown": 1},
+                                    {"datatype": "FP16", "start_position": 0}]
 OUTPUTS: list[list[tuple[str, dict[str, Any]]]] = [
     [], [("embeddings", {})], [("sequence_lengths", {})],
     [("embeddings", {}), ("sequence_lengths", {})], [("embeddings", {"datatype": "BF16"})],
@@ -115,22 +117,25 @@ def test_the_usual_reader_reads_what_the_general_one_reads() -> None:
         usual += 1
         assert not isinstance(general, InvalidArgument), (fields, general)
         assert read(short) == read(general), fields
-    assert n == 48_600
+    assert n == 81_000
     # raw [1, T] of four ids forms (and one with typed contents too, which the raw bytes
-    # override), no tensor or request parameters, outputs none or embeddings, two readable
-    # versions, every id, one input
-    assert usual == 5 * 2 * 2 * 2
+    # override), no tensor parameters, no request parameters or the datatype alone by its
+    # name, outputs none or embeddings, two readable versions, every id, one input
+    assert usual == 5 * 2 * 2 * 2 * 2
 
 
 @pytest.mark.parametrize(("outputs", "lengths"), [([], True), ([("embeddings", {})], False)])
+@pytest.mark.parametrize(("parameters", "dtype"), [({}, pb.DTYPE_FLOAT32),
+                                                   ({"datatype": "BF16"}, pb.DTYPE_BFLOAT16)])
 def test_the_usual_request_takes_the_short_read(
-        outputs: list[tuple[str, dict[str, Any]]], lengths: bool) -> None:
-    r = request((IDS, "raw", [1, "T"]), {}, {}, outputs, "", "r-1", False)
+        outputs: list[tuple[str, dict[str, Any]]], lengths: bool, parameters: dict[str, Any],
+        dtype: int) -> None:
+    r = request((IDS, "raw", [1, "T"]), {}, parameters, outputs, "", "r-1", False)
     read_ = usual_infer(r)
     assert read_ is not None
     options, (only,), reply = read_
     assert (options.model, options.version, options.dtype, options.in_message) == \
-        ("m", 0, pb.DTYPE_FLOAT32, True)
+        ("m", 0, dtype, True)
     assert (only.field, only.ids.tolist(), only.ids.dtype, only.ids.flags.writeable) == \
         ("input_ids[0]", IDS, np.int64, True)
     assert (reply._id, reply._lengths, reply.region) == ("r-1", lengths, None)
