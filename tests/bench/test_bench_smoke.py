@@ -22,6 +22,7 @@ TARGETS = [
     "T=4 fp32 c=2 unary: service / gRPC ceiling throughput",  # T=small (>= 0.85)
     "T=4 fp32 c=2 unary: service / gRPC lookup floor throughput",
     "T=4 fp32 c=1 unary: service p50 / gRPC ceiling p50",
+    "T=4 fp32 c=1 unary: service p50 / gRPC lookup floor p50",
     "T=4 fp32 c=1: stream/unary throughput, service / gRPC ceiling",
     "T=4 fp32 c=2: stream/unary throughput, service / gRPC ceiling",
     "T=4 c=2 unary: bf16 / fp32 throughput",

@@ -74,6 +74,7 @@ def test_targets_judge_each_line_against_its_reference_in_the_same_run() -> None
         ("T=16 fp32 c=16 unary: service / gRPC ceiling throughput", 0.9, True, 0.8),
         ("T=16 fp32 c=16 unary: service / gRPC lookup floor throughput", 1.125, True, None),
         ("T=16 fp32 c=1 unary: service p50 / gRPC ceiling p50", 1.2, True, 1.0),
+        ("T=16 fp32 c=1 unary: service p50 / gRPC lookup floor p50", 1.2, False, None),
         ("T=16 fp32 c=1: stream/unary throughput, service / gRPC ceiling", 0.9, True, 0.5),
         # floor: stream 100 / unary 80, over the ceiling's stream 200 / unary 100
         ("T=16 fp32 c=16: stream/unary throughput, service / gRPC ceiling", 0.8333, False,
