@@ -207,7 +207,7 @@ def usual_infer(request: oip.ModelInferRequest) -> Read | None:
     requests)."""
     if len(request.inputs) != 1 or len(request.raw_input_contents) != 1:
         return None
-    dtype = pb.DTYPE_FLOAT32
+    dtype: int = pb.DTYPE_FLOAT32
     if request.parameters:  # the output datatype alone, by its exact name
         params = request.parameters
         if len(params) != 1 or "datatype" not in params:
