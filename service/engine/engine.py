@@ -122,8 +122,7 @@ class Engine:
             plan = self._plan_region(admitted, reply, request.caller)
         dest = reply.destination(plan)
         lengths = admitted.lengths
-        if not reply.padded or len(lengths) == 1 or len(set(lengths)) == 1 \
-                or isinstance(plan, CudaPlan):
+        if not reply.padded or len(set(lengths)) == 1 or isinstance(plan, CudaPlan):
             # one job: every row is written (a CUDA region pads by the device itself)
             job = admitted.job(dest, request.start_ns, request.deadline)
             result = await self.batcher.submit(job)

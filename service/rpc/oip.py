@@ -35,10 +35,11 @@ from service.engine import Engine, Input, OipReply, Options, RegionOutput, Reque
 from service.errors import EmbedError
 from service.rpc.frame import Call, Frame
 from service.rpc.oip_tensors import (
-    DATATYPES,
+    DTYPE_OF,
     model_metadata,
     model_version,
     output_dtype,
+    output_names,
     read_input,
     request_parameters,
     requested_outputs,
@@ -48,9 +49,8 @@ __all__ = ["OIP_SERVICE_NAME", "OipFront", "read_infer", "usual_infer"]
 
 OIP_SERVICE_NAME = "inference.GRPCInferenceService"
 EXTENSIONS = ["parameters", "system_shared_memory"]  # what ServerMetadata advertises
-_ALL_OUTPUTS = frozenset({"embeddings", "sequence_lengths"})  # none named: all of them
+_ALL_OUTPUTS = frozenset(output_names([]))  # none named: all of them
 _EMBEDDINGS = frozenset({"embeddings"})
-_USUAL_DTYPES = {name: wire for wire, name in DATATYPES.items()}  # "FP32": its name exactly
 
 
 class OipFront:
@@ -208,16 +208,15 @@ def usual_infer(request: oip.ModelInferRequest) -> Read | None:
     if len(request.inputs) != 1 or len(request.raw_input_contents) != 1:
         return None
     dtype: int = pb.DTYPE_FLOAT32
-    if request.parameters:  # the output datatype alone, by its exact name
-        params = request.parameters
+    params = request.parameters
+    if params:  # the output datatype alone, by its exact name
         if len(params) != 1 or "datatype" not in params:
             return None
         value = params["datatype"]
-        if value.WhichOneof("parameter_choice") != "string_param":
+        if value.WhichOneof("parameter_choice") != "string_param" \
+                or value.string_param not in DTYPE_OF:
             return None
-        dtype = _USUAL_DTYPES.get(value.string_param, -1)
-        if dtype < 0:
-            return None
+        dtype = DTYPE_OF[value.string_param]
     tensor, raw = request.inputs[0], request.raw_input_contents[0]
     shape = tensor.shape
     if tensor.name != "input_ids" or tensor.datatype != "INT64" or tensor.parameters \

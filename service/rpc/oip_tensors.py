@@ -21,12 +21,13 @@ from service.dtypes import BY_OIP, BY_WIRE
 from service.engine import Input, Inputs, LoadedModel
 from service.errors import InvalidArgument, quote
 
-__all__ = ["DATATYPES", "ID_DTYPES", "ONE_INPUT", "datatype", "model_metadata",
+__all__ = ["DATATYPES", "DTYPE_OF", "ID_DTYPES", "ONE_INPUT", "datatype", "model_metadata",
            "model_version", "output_dtype", "output_names", "parameters", "read_input",
            "read_tensor", "request_parameters", "requested_outputs"]
 
 DATATYPES: dict[int, str] = {wire: d.oip for wire, d in BY_WIRE.items()}  # the OIP names
-_DTYPE_OF = {name: d.wire for name, d in BY_OIP.items()}
+# The wire dtype of each OIP name, as written exactly ("FP32"; ``datatype`` also reads "fp32").
+DTYPE_OF: dict[str, int] = {name: d.wire for name, d in BY_OIP.items()}
 _COMPOSE: dict[str, int] = {"token_plus_position": pb.COMPOSE_TOKEN_PLUS_POSITION,
             "token_only": pb.COMPOSE_TOKEN_ONLY, "position_only": pb.COMPOSE_POSITION_ONLY}
 _TRUNCATE: dict[str, int] = {"none": pb.TRUNCATE_NONE, "right": pb.TRUNCATE_RIGHT,
@@ -164,11 +165,11 @@ def datatype(value: Any) -> int:
     """A ``datatype`` parameter's value (None = FP32) as the wire dtype enum."""
     if value is None:
         return pb.DTYPE_FLOAT32
-    if not isinstance(value, str) or value.upper() not in _DTYPE_OF:
+    if not isinstance(value, str) or value.upper() not in DTYPE_OF:
         raise InvalidArgument(f"datatype={quote(value, 32)} of output 'embeddings' must be "
                               f"one of "
-                              f"{sorted(_DTYPE_OF)}")
-    return _DTYPE_OF[value.upper()]
+                              f"{sorted(DTYPE_OF)}")
+    return DTYPE_OF[value.upper()]
 
 
 def read_input(request: oip.ModelInferRequest, start_position: int) -> Inputs:

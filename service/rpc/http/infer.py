@@ -33,6 +33,7 @@ from service.errors import InvalidArgument
 from service.rpc.http.json_data import INT, WALK_IDS, JsonTexts, ints
 from service.rpc.oip_tensors import (
     DATATYPES,
+    DTYPE_OF,
     ONE_INPUT,
     datatype,
     output_names,
@@ -52,7 +53,6 @@ _ORJSON_MAX = 1 << 18
 _USUAL_KEYS = frozenset({"id", "inputs", "parameters", "outputs"})
 _USUAL_INPUT = {"name", "datatype", "shape", "data"}
 _USUAL_PARAMETERS = frozenset({"datatype", "binary_data_output"})
-_USUAL_DTYPES = {name: wire for wire, name in DATATYPES.items()}  # "FP32": its name exactly
 _NONE: dict[str, Any] = {}  # an absent object, read only
 
 
@@ -107,7 +107,7 @@ def _usual(header: dict[str, Any], model: str, version: int) -> InferRequest | N
         return None
     binary_default = params.get("binary_data_output", False)
     name = params.get("datatype", "FP32")
-    dtype = _USUAL_DTYPES.get(name) if type(name) is str else None
+    dtype = DTYPE_OF.get(name) if type(name) is str else None
     if type(binary_default) is not bool or dtype is None:
         return None
     try:  # the outputs as _read reads them; one that names its own datatype is not usual
