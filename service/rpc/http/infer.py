@@ -53,6 +53,8 @@ _ORJSON_MAX = 1 << 18
 _USUAL_KEYS = frozenset({"id", "inputs", "parameters", "outputs"})
 _USUAL_INPUT = {"name", "datatype", "shape", "data"}
 _USUAL_PARAMETERS = frozenset({"datatype", "binary_data_output"})
+_OUTPUT_KEYS = frozenset({"name", "parameters"})
+_OUTPUT_PARAMETERS = frozenset({"binary_data"})
 _NONE: dict[str, Any] = {}  # an absent object, read only
 
 
@@ -124,6 +126,25 @@ def _usual(header: dict[str, Any], model: str, version: int) -> InferRequest | N
         return None
     return InferRequest(request_id, Options(model, version, dtype=dtype),
                         [Input("input_ids[0]", ids=ids, value_field="input_ids[0]")], outputs)
+
+
+def _usual_outputs(raw: Any, binary_default: bool) -> list[tuple[str, bool]] | None:
+    """The usual request's outputs, (name, binary) in response order: ``embeddings`` alone
+    with at most its ``binary_data`` read here in a few steps, any other as ``_outputs``
+    reads them; None where it refuses them or one names its own datatype (``_read`` then
+    words it)."""
+    if type(raw) is list and len(raw) == 1:
+        o = raw[0]
+        if type(o) is dict and o.get("name") == "embeddings" and _OUTPUT_KEYS.issuperset(o):
+            p = o.get("parameters", _NONE)
+            binary = p.get("binary_data", binary_default) if type(p) is dict else None
+            if type(binary) is bool and _OUTPUT_PARAMETERS.issuperset(p):
+                return [("embeddings", binary)]
+    try:  # the general reading: any order, any output; a datatype of its own is not usual
+        outputs, output_dtype = _outputs(raw, binary_default)
+    except InvalidArgument:
+        return None
+    return outputs if output_dtype is None else None
 
 
 def _read(header: dict[str, Any], binary: memoryview, model: str,

@@ -44,7 +44,10 @@ OUTPUTS: list[Any] = [
     [{"name": "embeddings", "parameters": {"binary_data": 1}}],
     [{"name": "embeddings", "parameters": {"shared_memory_region": "r"}}],
     [{"name": "embeddings", "parameters": []}], ["embeddings"], {"name": "embeddings"},
-    [{"name": "embeddings"}, {"name": "sequence_lengths"}, {"name": "x"}]]
+    [{"name": "embeddings"}, {"name": "sequence_lengths"}, {"name": "x"}],
+    [{"name": "embeddings", "parameters": {}}],
+    [{"name": "embeddings", "parameters": {"binary_data": None}}],
+    [{"name": "embeddings", "parameters": {"binary_data": True, "unknown": 1}}]]
 ID: list[Any] = [None, "", "r-1", "é", "\ud800", 5]
 
 
