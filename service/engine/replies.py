@@ -102,6 +102,7 @@ class NativeReply(Reply[bytes]):
             self.region = RegionOutput(output.region, output.offset, None, "output",
                                        output.cuda)
         self._fields: Any = None
+        self._tail = b""  # the fields serialised (an answer in the message)
         self._shape = (0, 0)
         self._dtype = 0
 
@@ -125,14 +126,16 @@ class NativeReply(Reply[bytes]):
                 request_id=request.request_id)
         N, C = self._shape = (admitted.tokens, admitted.dim)
         self._dtype = admitted.options.dtype
-        rows = 0 if self.region is not None else N * C * admitted.itemsize
-        return rows + self._fields.ByteSize() + TIMING_BYTES + 64
+        if self.region is not None:  # the fields grow once the region is known
+            return self._fields.ByteSize() + TIMING_BYTES + 64
+        self._tail = self._fields.SerializeToString()  # what follows the rows, but the timing
+        return N * C * admitted.itemsize + len(self._tail) + TIMING_BYTES + 64
 
     def destination(self, region: ShmPlan | CudaPlan | None) -> Destination:
         fields, (N, C), dtype = self._fields, self._shape, self._dtype
         if region is None:
             return MessageBuffer(message_head(N, C, dtype), self._shape, BY_WIRE[dtype].torch,
-                                 fields.SerializeToString(), timing_tag(fields.DESCRIPTOR))
+                                 self._tail, timing_tag(fields.DESCRIPTOR))
         assert self.region is not None
         fields.embeddings.shape[:] = self._shape
         fields.embeddings.dtype = dtype
