@@ -300,10 +300,7 @@ class Admission:
 
     def account(self, admitted: Admitted, job: Job) -> None:
         """Record a finished job's tokens, bytes and queue time (on the event loop)."""
-        model = admitted.model
-        nbytes = job.tokens * admitted.dim * admitted.itemsize
-        self._metrics.tokens.labels(model.name).inc(job.tokens)
-        self._metrics.output_bytes.labels(model.name,
-                                          BY_WIRE[admitted.options.dtype].name).inc(nbytes)
-        self._metrics.queue_duration.observe(job.queue_ns / 1e9)
+        self._metrics.rows_returned(admitted.model.name, BY_WIRE[admitted.options.dtype].name,
+                                    job.tokens, job.tokens * admitted.dim * admitted.itemsize,
+                                    job.queue_ns / 1e9)
 

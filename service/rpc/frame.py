@@ -134,9 +134,8 @@ class Frame:
             # Counted before the status leaves: a client that scrapes right after its
             # error must see it in the metrics.
             metrics.inflight -= 1
-            label = self._model_label(call.model)
-            metrics.requests.labels(call.rpc, label, code.name).inc()
-            metrics.request_duration.labels(call.rpc, label).observe(time.perf_counter() - t0)
+            metrics.request_done(call.rpc, self._model_label(call.model), code.name,
+                                 time.perf_counter() - t0)
 
     def _model_label(self, model: str) -> str:
         # A model name from the request becomes a label only if it is loaded: clients
