@@ -186,39 +186,27 @@ class Metrics:
         self.model_loads = Counter("embed_model_loads", "Model version load attempts.",
                                    ["model", "result"], registry=r)
 
-    # Each request updates these once per stage in one call each (a finished RPC, a job's
-    # lookup, a batch), the children found and updated inline: a call per series would be
-    # a dozen calls a request, each costing most with the caches cold between requests.
+    # A request reports to these once per stage (a finished RPC, a job's rows, a batch),
+    # one call each: the frame and admission name what happened, not the series it feeds.
 
     def request_done(self, rpc: str, model: str, code: str, seconds: float) -> None:
         """Count a finished RPC by status and observe its wall time (event-loop thread)."""
-        requests = self.requests
-        done = requests._children.get((rpc, model, code)) or requests._add((rpc, model, code))
-        done.value += 1
-        durations = self.request_duration
-        wall = durations._children.get((rpc, model)) or durations._add((rpc, model))
-        wall.counts[bisect_left(wall.bounds, seconds)] += 1
-        wall.sum += seconds
+        self.requests.labels(rpc, model, code).value += 1
+        self.request_duration.labels(rpc, model).observe(seconds)
 
     def rows_returned(self, model: str, dtype: str, tokens: int, nbytes: int,
                       queue_seconds: float) -> None:
         """A job's token rows and output bytes, and the time it waited for its batch
         (event-loop thread)."""
-        count = self.tokens._children.get((model,)) or self.tokens._add((model,))
-        count.value += tokens
-        out = self.output_bytes
-        size = out._children.get((model, dtype)) or out._add((model, dtype))
-        size.value += nbytes
+        self.tokens.labels(model).value += tokens
+        self.output_bytes.labels(model, dtype).value += nbytes
         self.queue_duration.observe(queue_seconds)
 
     def observe_batch(self, tokens: int, requests: int, seconds: float, device: str) -> None:
         """Record one batch (event-loop thread)."""
         self.batch_tokens.observe(tokens)
         self.batch_requests.observe(requests)
-        compute = self.compute_duration
-        child = compute._children.get((device,)) or compute._add((device,))
-        child.counts[bisect_left(child.bounds, seconds)] += 1
-        child.sum += seconds
+        self.compute_duration.labels(device).observe(seconds)
 
     def serve(self, host: str, port: int) -> int:
         """Expose /metrics over HTTP; returns the bound port (``port`` 0 picks one)."""
