@@ -87,7 +87,7 @@ def _usual(header: dict[str, Any], model: str, version: int) -> InferRequest | N
     """The usual small request, read in a few steps: one sequence of at most ``WALK_IDS``
     JSON integer ids, ``input_ids`` INT64 [1, T], no binary data, parameters no more than
     the output ``datatype`` (by its name) and ``binary_data_output``, outputs as ``_read``
-    reads them (``_outputs``) without a datatype of their own. None for anything else:
+    reads them (``_usual_outputs``) without a datatype of their own. None for anything else:
     ``_read`` then decides, and words its refusals. What this accepts, ``_read`` reads the
     same (tests/service/rpc/http/test_infer_parse.py compares the two over many bodies)."""
     inputs = header.get("inputs")
@@ -112,11 +112,8 @@ def _usual(header: dict[str, Any], model: str, version: int) -> InferRequest | N
     dtype = DTYPE_OF.get(name) if type(name) is str else None
     if type(binary_default) is not bool or dtype is None:
         return None
-    try:  # the outputs as _read reads them; one that names its own datatype is not usual
-        outputs, output_dtype = _outputs(header.get("outputs"), binary_default)
-    except InvalidArgument:
-        return None
-    if output_dtype is not None:
+    outputs = _usual_outputs(header.get("outputs"), binary_default)
+    if outputs is None:
         return None
     if dtype != pb.DTYPE_FLOAT32 and not dict(outputs)["embeddings"]:
         return None  # refused by _read: FP16/BF16 travel only as binary
