@@ -71,7 +71,7 @@ class Lookup:
 
     def into(self, rows: torch.Tensor, ids: Sequence[int], start: int) -> None:
         """``rows`` (T, C) = token rows of ``ids`` + position rows from ``start``."""
-        index = torch.from_numpy(np.fromiter(ids, np.int64, len(ids)))  # (T,)
+        index = np.fromiter(ids, np.int64, len(ids))  # (T,), as admission hands them on
         self.tables.embed_into([(index, [(start, len(ids))], rows)], pb.COMPOSE_TOKEN_PLUS_POSITION)
 
     def reply(self, prefix: bytes, ids: Sequence[int], start: int, dtype: torch.dtype,

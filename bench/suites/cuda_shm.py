@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import numpy as np
 import torch
 
 from bench.harness.checkpoint import MODEL_NAME, VOCAB_SIZE, Shape, ensure_model
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace, target: str) -> dict[str, Any]:
         ceiling = 2 * B * answer / median_seconds(lambda: dst.copy_(src), cuda, args.reps) / 1e9
         tables = EmbeddingTables(torch.randn(VOCAB_SIZE, DIM, generator=gen),
                                  torch.randn(T, DIM, generator=gen), cuda)
-        ids = torch.tensor([i for s in seqs[:B] for i in s])  # (B*T,)
+        ids = np.array([i for s in seqs[:B] for i in s], dtype=np.int64)  # (B*T,), as admitted
         out = torch.empty(B * T, DIM, device="cuda")  # (B*T, C)
         write = median_seconds(lambda: write_rows(tables, ids, [(0, T)] * B, 0, out), cuda,
                                args.reps)

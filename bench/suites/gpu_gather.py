@@ -85,7 +85,8 @@ def measure(name: str, device: torch.device, batch: int, T: int, reps: int,
     dst = torch.empty_like(src)
     pinned = torch.empty(N, C, dtype=dtype, pin_memory=device.type == "cuda")
     outs = [torch.empty(T, C, dtype=dtype) for _ in range(batch)]
-    parts = [(ids[i * T:(i + 1) * T], [(0, T)], outs[i]) for i in range(batch)]
+    host_ids = ids.numpy()  # (N,): the engine hands the tables numpy ids
+    parts = [(host_ids[i * T:(i + 1) * T], [(0, T)], outs[i]) for i in range(batch)]
     tt = tables.token_table
 
     stages: dict[str, tuple[Callable[[], object], int]] = {

@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, overload
 
 import numpy as np
-import torch
 
 from genproto.embedding.v1 import embedding_pb2 as pb
 from service.dtypes import BY_WIRE
@@ -138,7 +137,7 @@ class Admitted:
         self.options = options
         self.sequences = sequences
         self.tokenize_ns = tokenize_ns
-        self.lengths = [int(f.ids.shape[0]) for f in sequences]  # T of each sequence
+        self.lengths = [f.ids.shape[0] for f in sequences]  # T of each sequence
         self.tokens = sum(self.lengths)  # rows in all: ΣT
         # Columns of each row for the request's compose (token-only: the table's width),
         # and bytes per element of the output dtype.
@@ -146,10 +145,10 @@ class Admitted:
         self.itemsize = BY_WIRE[options.dtype].itemsize
 
     @property
-    def ids(self) -> torch.Tensor:
+    def ids(self) -> np.ndarray:
         """Every sequence's ids, concatenated (N,)."""
         seqs = self.sequences
-        return seqs[0].ids if len(seqs) == 1 else torch.cat([f.ids for f in seqs])
+        return seqs[0].ids if len(seqs) == 1 else np.concatenate([f.ids for f in seqs])
 
     def job(self, dest: Destination, start_ns: int, deadline: float | None,
             sequences: Sequence[TokenSequence] | None = None) -> Job:
@@ -158,8 +157,8 @@ class Admitted:
             ids, lengths, seqs = self.ids, self.lengths, self.sequences  # (N,)
         else:
             seqs = list(sequences)
-            ids = seqs[0].ids if len(seqs) == 1 else torch.cat([f.ids for f in seqs])
-            lengths = [int(f.ids.shape[0]) for f in seqs]
+            ids = seqs[0].ids if len(seqs) == 1 else np.concatenate([f.ids for f in seqs])
+            lengths = [f.ids.shape[0] for f in seqs]
         spans = [(f.start_position, n) for f, n in zip(seqs, lengths)]
         return Job(self.model.tables, ids, spans, self.options.compose, dest, start_ns,
                    self.tokenize_ns, deadline)
@@ -274,12 +273,12 @@ class Admission:
         check_ids(ids, model, inp.value_field or f"{inp.field}.token_ids.ids")
         return ids
 
-    def untrained(self, model: LoadedModel, ids: torch.Tensor) -> list[int]:
+    def untrained(self, model: LoadedModel, ids: np.ndarray) -> list[int]:
         """Indices i < T whose token row was never updated in training (counted)."""
         if model.untrained is None:
             return []
-        # numpy views of both (host tensors): a third of torch's indexing and nonzero
-        idx = np.flatnonzero(model.untrained.numpy()[ids.numpy()]).tolist()  # indices i < T
+        # a numpy view of the host flags: a third of torch's indexing and nonzero
+        idx = np.flatnonzero(model.untrained.numpy()[ids]).tolist()  # indices i < T
         if idx:
             self._metrics.untrained_lookups.labels(model.name).inc(len(idx))
         return idx

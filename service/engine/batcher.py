@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import torch
 
 from service.engine.tables import EmbeddingTables, Span
@@ -69,7 +70,7 @@ class Job:
                  "enqueued_ns", "future", "ids", "queue_ns", "spans", "start_ns", "tables",
                  "timing", "tokenize_ns", "tokens")
 
-    def __init__(self, tables: EmbeddingTables, ids: torch.Tensor, spans: list[Span],
+    def __init__(self, tables: EmbeddingTables, ids: np.ndarray, spans: list[Span],
                  compose: int, dest: Destination, start_ns: int, tokenize_ns: int = 0,
                  deadline: float | None = None) -> None:
         self.tables = tables
@@ -80,7 +81,7 @@ class Job:
         self.start_ns = start_ns  # perf_counter_ns() when the RPC began: total_ns from here
         self.tokenize_ns = tokenize_ns
         self.deadline = deadline  # time.monotonic() seconds; None = no deadline
-        self.tokens = int(ids.shape[0])  # rows this job needs
+        self.tokens: int = ids.shape[0]  # rows this job needs
         self.future: asyncio.Future[Any] | None = None  # set when it is queued
         self.enqueued_ns = 0
         # Set when the job's batch runs (for metrics and tests).

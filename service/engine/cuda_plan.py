@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from service.engine.batcher import Timing
@@ -44,27 +45,27 @@ class _IndexRows:
         self._buffer: torch.Tensor | None = None
         self._lock = threading.Lock()
 
-    def to(self, device: torch.device, ids: torch.Tensor, spans: Sequence[Span]
+    def to(self, device: torch.device, ids: np.ndarray, spans: Sequence[Span]
            ) -> torch.Tensor:
         """(2, N): ids and positions, on ``device``."""
-        n = int(ids.shape[0])
+        n = ids.shape[0]
         if device.type == "cpu":
-            return torch.stack((ids, positions_of(spans)))  # (2, N)
+            return torch.from_numpy(np.stack((ids, positions_of(spans))))  # (2, N)
         with self._lock:
             buf = self._buffer
             if buf is None or buf.numel() < 2 * n:
                 buf = self._buffer = torch.empty(2 * max(n, 1024), dtype=torch.int64,
                                                  pin_memory=True)
             host = buf[: 2 * n].view(2, n)
-            host[0].copy_(ids)
-            host[1].copy_(positions_of(spans))
+            host[0].copy_(torch.from_numpy(ids))
+            host[1].copy_(torch.from_numpy(positions_of(spans)))
             return host.to(device)  # (2, N): one H2D copy, complete on return
 
 
 _INDEX = _IndexRows()
 
 
-def write_rows(tables: EmbeddingTables, ids: torch.Tensor, spans: Sequence[Span],
+def write_rows(tables: EmbeddingTables, ids: np.ndarray, spans: Sequence[Span],
                compose: int, out: torch.Tensor) -> None:
     """Rows for ``ids`` at the spans' positions, per ``compose``, cast into ``out`` (N, C)
     by the tables' device (``out`` may be on another GPU: then one peer copy)."""
@@ -145,7 +146,7 @@ class CudaDestination:
         """The region's rows, flattened (N, C)."""
         return self._plan.rows.view(-1, self._plan.shape[-1])
 
-    def lookup(self, tables: EmbeddingTables, ids: torch.Tensor, spans: list[Span],
+    def lookup(self, tables: EmbeddingTables, ids: np.ndarray, spans: list[Span],
                compose: int) -> bool:
         """Every row into the region by the device, then one synchronisation."""
         out = self._plan.rows

@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 
+import numpy as np
 import torch
 
 from service.engine.kernel_build import build, library_path
@@ -27,7 +28,8 @@ log = logging.getLogger(__name__)
 _guarded = False  # set by load()
 OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _ITEMSIZE = {kind: dtype.itemsize for dtype, kind in OUT_KINDS.items()}
-_F32, _I64 = torch.float32, torch.int64  # dtypes are singletons: compared with `is`
+_F32 = torch.float32  # torch dtypes are singletons: compared with `is`
+_I64 = np.dtype(np.int64)
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,7 +93,7 @@ class KernelTables:
         self.position = None if position_table is None else position_table.data_ptr()
         self.position_rows = 0 if position_table is None else position_table.shape[0]
 
-    def write(self, ids: torch.Tensor, positions: torch.Tensor | None, start: int,
+    def write(self, ids: np.ndarray, positions: np.ndarray | None, start: int,
               address: int, nbytes: int, kind: int, guarded: bool = False) -> None:
         """Rows of ``ids`` (+ position rows at ``positions``, or from ``start``) into the
         ``nbytes`` of writable memory at ``address``, in the out dtype ``kind``
@@ -100,16 +102,17 @@ class KernelTables:
         and the rows are then partly written."""
         n = ids.shape[0]
         # The C side trusts these: a mismatch would write outside the memory given.
-        if not (ids.dtype is _I64 and ids.is_contiguous()
+        if not (ids.dtype == _I64 and ids.ndim == 1
                 and nbytes == n * self.dim * _ITEMSIZE[kind]
-                and (positions is None or (positions.dtype is _I64
-                                           and positions.is_contiguous()
+                and (positions is None or (positions.dtype == _I64 and positions.ndim == 1
                                            and positions.shape[0] == n))):
             raise ValueError("lookup kernel: ids or output of the wrong layout or size")
         lib = self.lib
+        # The indices go as bytes (ctypes passes a bytes object's own buffer): a copy of
+        # 8 B per row is cheaper than reading a numpy array's address through ctypes.
         rc = (lib.embed_rows_guarded if guarded else lib.embed_rows)(
-            self.table, self.table_rows, self.dim, ids.data_ptr(), n, self.position,
-            self.position_rows, None if positions is None else positions.data_ptr(), start,
+            self.table, self.table_rows, self.dim, ids.tobytes(), n, self.position,
+            self.position_rows, None if positions is None else positions.tobytes(), start,
             address, kind)
         if rc == -3:
             raise BusError("the memory being written went away (SIGBUS)")

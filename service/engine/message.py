@@ -145,7 +145,7 @@ class MessageBuffer:
         self._timing_tag = timing_tag
         self._rows: torch.Tensor | None = None
 
-    def lookup(self, tables: Any, ids: torch.Tensor, spans: list[tuple[int, int]],
+    def lookup(self, tables: Any, ids: np.ndarray, spans: list[tuple[int, int]],
                compose: int) -> bool:
         """The rows straight into the bytes, where the tables' kernel serves
         (``EmbeddingTables.write_at``); False: the batcher writes ``rows`` instead."""

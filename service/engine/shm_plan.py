@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from service.engine import kernel
@@ -83,7 +84,7 @@ class ShmPlan:
             self._buffer = _BUFFERS.take(self.byte_size)
         return self._buffer[: self.byte_size].view(self.dtype).view(self.shape)
 
-    def lookup(self, tables: EmbeddingTables, ids: torch.Tensor, spans: list[Span],
+    def lookup(self, tables: EmbeddingTables, ids: np.ndarray, spans: list[Span],
                compose: int) -> bool:
         """Store the rows straight into the region's mapping, in one guarded pass; False
         (nothing done) where that path is not open: no mapping, no guarded kernel."""
@@ -136,7 +137,7 @@ class ShmDestination:
         """The private rows, flattened (N, C)."""
         return self._plan.rows.view(-1, self._plan.shape[-1])
 
-    def lookup(self, tables: EmbeddingTables, ids: torch.Tensor, spans: list[Span],
+    def lookup(self, tables: EmbeddingTables, ids: np.ndarray, spans: list[Span],
                compose: int) -> bool:
         """The rows straight into the region, if that path is open (``ShmPlan.lookup``)."""
         return self._plan.lookup(tables, ids, spans, compose)

@@ -38,8 +38,10 @@ __all__ = ["COMPOSE_POSITION_ONLY", "COMPOSE_TOKEN_ONLY", "COMPOSE_TOKEN_PLUS_PO
 
 
 Span = tuple[int, int]  # (start_position, T): one sequence's rows, consecutive in a batch
-# One request's share of a batch: ids (N,), its spans, and where its (N, C) rows go.
-Part = tuple[torch.Tensor, list[Span], torch.Tensor]
+# One request's share of a batch: ids (N,), its spans, and where its (N, C) rows go. Ids
+# are host numpy arrays up to here; torch's paths wrap them (``torch.from_numpy``, no copy).
+Part = tuple[np.ndarray, list[Span], torch.Tensor]
+_TorchPart = tuple[torch.Tensor, list[Span], torch.Tensor]
 # Parts of a batch share one gather while they total at most this many rows (3 MB of fp32
 # scratch at C=768: cache-resident until copied out); larger batches gather per part.
 SHARED_GATHER_ROWS = 1024
@@ -63,13 +65,13 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
-def positions_of(spans: Sequence[Span]) -> torch.Tensor:
-    """Concatenated ``start .. start+T-1`` ranges of the spans, as one int64 tensor (N,)."""
+def positions_of(spans: Sequence[Span]) -> np.ndarray:
+    """Concatenated ``start .. start+T-1`` ranges of the spans, as one int64 array (N,)."""
     starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
     lengths = np.fromiter((t for _, t in spans), dtype=np.int64, count=len(spans))
     first_row = np.cumsum(lengths) - lengths  # row offset of each span
     n = int(lengths.sum())
-    return torch.from_numpy(np.repeat(starts - first_row, lengths) + np.arange(n))
+    return np.repeat(starts - first_row, lengths) + np.arange(n)
 
 
 def _max_abs(table: torch.Tensor) -> float:
@@ -196,7 +198,8 @@ class EmbeddingTables:
                 x[row: row + T] += self.position_table[start: start + T]  # (T, C)
                 row += T
         else:
-            x += torch.index_select(self.position_table, 0, positions_of(spans))  # (N, C)
+            positions = torch.from_numpy(positions_of(spans))  # (N,)
+            x += torch.index_select(self.position_table, 0, positions)  # (N, C)
 
     @staticmethod
     def _gather(table: torch.Tensor, index: torch.Tensor, x: torch.Tensor) -> None:
@@ -210,7 +213,7 @@ class EmbeddingTables:
         """x = token rows + position rows (per ``compose``), in x's dtype (fp32)."""
         if compose == COMPOSE_POSITION_ONLY:
             assert self.position_table is not None
-            self._gather(self.position_table, positions_of(spans), x)
+            self._gather(self.position_table, torch.from_numpy(positions_of(spans)), x)
             return
         self._gather(self.token_table, ids, x)
         if compose != COMPOSE_TOKEN_ONLY and self.position_table is not None:
@@ -234,6 +237,11 @@ class EmbeddingTables:
             for ids, spans, out in parts:
                 self._embed_kernel(ids, spans, compose, out)
             return
+        self._embed_torch([(torch.from_numpy(ids), spans, out) for ids, spans, out in parts],
+                          compose)
+
+    def _embed_torch(self, parts: Sequence[_TorchPart], compose: int) -> None:
+        """``embed_into`` where the kernel does not serve: torch's ops, ids as tensors."""
         if self._rules is not None:
             self._embed_rules(parts, compose)
             return
@@ -271,7 +279,7 @@ class EmbeddingTables:
         the object shrank under the write, the rows partly written."""
         return self._kernel is not None and kernel.guarded()
 
-    def _embed_kernel(self, ids: torch.Tensor, spans: Sequence[Span], compose: int,
+    def _embed_kernel(self, ids: np.ndarray, spans: Sequence[Span], compose: int,
                       out: torch.Tensor) -> None:
         """One part in one pass (``lookup.c``): each row read once from the tables and
         written once into ``out`` (N, C), summed in fp32 and rounded into out's dtype."""
@@ -281,7 +289,7 @@ class EmbeddingTables:
         self.write_at(ids, spans, compose, out.data_ptr(), out.numel() * out.element_size(),
                       out.dtype)
 
-    def write_at(self, ids: torch.Tensor, spans: Sequence[Span], compose: int, address: int,
+    def write_at(self, ids: np.ndarray, spans: Sequence[Span], compose: int, address: int,
                  nbytes: int, dtype: torch.dtype, guarded: bool = False) -> bool:
         """One part's rows in one pass (``lookup.c``) straight into the ``nbytes`` of
         writable memory at ``address`` (an answer's bytes), in ``dtype``: no tensor over
@@ -295,15 +303,14 @@ class EmbeddingTables:
         if compose == COMPOSE_POSITION_ONLY:
             rows.write(positions_of(spans), None, 0, address, nbytes, kind, guarded)
         elif rows.position is None:
-            rows.write(ids.contiguous(), None, 0, address, nbytes, kind, guarded)
+            rows.write(ids, None, 0, address, nbytes, kind, guarded)
         elif len(spans) == 1:  # its positions are start, start+1, ...: none to build
-            rows.write(ids.contiguous(), None, spans[0][0], address, nbytes, kind, guarded)
+            rows.write(ids, None, spans[0][0], address, nbytes, kind, guarded)
         else:
-            rows.write(ids.contiguous(), positions_of(spans), 0, address, nbytes, kind,
-                       guarded)
+            rows.write(ids, positions_of(spans), 0, address, nbytes, kind, guarded)
         return True
 
-    def _embed_device(self, parts: Sequence[Part], compose: int) -> None:
+    def _embed_device(self, parts: Sequence[_TorchPart], compose: int) -> None:
         """The whole batch as one gather+add on the tables' device, then one copy back.
 
         Written for CUDA (pinned buffers, one synchronisation) but device-agnostic, so the
@@ -315,7 +322,7 @@ class EmbeddingTables:
         n = sum(int(p[0].shape[0]) for p in parts)
         idx = self._index_rows(n)  # (2, N): ids, positions; one H2D copy
         torch.cat([p[0] for p in parts], out=idx[0])
-        idx[1].copy_(positions_of([span for p in parts for span in p[1]]))
+        idx[1].copy_(torch.from_numpy(positions_of([span for p in parts for span in p[1]])))
         dtype = parts[0][2].dtype
         x = self.device_rows(idx.to(self.device, non_blocking=True), compose, dtype)
         host = self._scratch_rows(n, dtype)  # (N, C), pinned on CUDA
@@ -350,12 +357,12 @@ class EmbeddingTables:
             self._scratch[torch.int64] = buf
         return buf[: 2 * n].view(2, n)
 
-    def _embed_rules(self, parts: Sequence[Part], compose: int) -> None:
+    def _embed_rules(self, parts: Sequence[_TorchPart], compose: int) -> None:
         """A family with computing rules: each part's rows in the table dtype, with the
         reference's ops (``service.engine.rules``), then cast into ``out``."""
         assert self._rules is not None
         for ids, spans, out in parts:
-            positions = positions_of(spans).to(self.device)  # (N,)
+            positions = torch.from_numpy(positions_of(spans)).to(self.device)  # (N,)
             x = self._rules.compose(self.token_table, self.position_table,
                                     ids.to(self.device), positions, spans, compose)  # (N, *)
             out.copy_(x)  # cast to the wire dtype (and device -> host)

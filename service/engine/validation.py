@@ -55,7 +55,7 @@ class TokenSequence:
 
     __slots__ = ("ids", "start_position", "truncated_tokens")
 
-    def __init__(self, ids: torch.Tensor, start_position: int, truncated_tokens: int) -> None:
+    def __init__(self, ids: np.ndarray, start_position: int, truncated_tokens: int) -> None:
         self.ids = ids  # (T,) int64, at positions start_position .. start_position+T-1
         self.start_position = start_position
         self.truncated_tokens = truncated_tokens
@@ -151,8 +151,10 @@ def fit_length(ids: np.ndarray, start_position: int, truncate: int, model: Loade
                                   f"of model {model.name!r} (or set truncate)")
         # TRUNCATE_LEFT keeps the tail; either way the kept tokens start at start_position.
         ids = ids[:keep] if truncate == pb.TRUNCATE_RIGHT else ids[T - keep:]
-        ids = np.ascontiguousarray(ids)  # a slice of a row: torch needs it whole
-    return TokenSequence(torch.from_numpy(ids), start_position, T - int(ids.shape[0]))
+        ids = np.ascontiguousarray(ids)  # a slice of a row, made whole
+    # Kept a numpy array up to the tables: a torch tensor built and freed per request shows
+    # at T=16, and the kernel takes the ids' bytes (``tables`` wraps them for torch's paths).
+    return TokenSequence(ids, start_position, T - int(ids.shape[0]))
 
 
 def check_compose(compose: int, model: LoadedModel) -> None:

@@ -131,8 +131,8 @@ class Endpoints:
                                             for t in model.tokenizer.token_bytes(ids)]
             except EmbedError:  # a model served without a tokenizer
                 tokens = None
-            untrained = (model.untrained[seq.ids].tolist() if model.untrained is not None
-                         else None)
+            untrained = (model.untrained.numpy()[seq.ids].tolist()
+                         if model.untrained is not None else None)
             sequences.append({"ids": ids, "tokens": tokens, "untrained": untrained,
                               "start_position": seq.start_position,
                               "truncated_tokens": seq.truncated_tokens})

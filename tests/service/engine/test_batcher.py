@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,8 +38,8 @@ def job(tables: EmbeddingTables, ids: list[int], seen: list[Job],
     fields = pb.EmbedResponse()
     buffer = MessageBuffer(message_head(*shape, dtype), shape, BY_WIRE[dtype].torch,
                            fields.SerializeToString(), timing_tag(fields.DESCRIPTOR))
-    j = Job(tables, torch.tensor(ids), [(0, len(ids))], COMPOSE_TOKEN_PLUS_POSITION, buffer,
-            time.perf_counter_ns(), 0, deadline)
+    j = Job(tables, np.array(ids, dtype=np.int64), [(0, len(ids))],
+            COMPOSE_TOKEN_PLUS_POSITION, buffer, time.perf_counter_ns(), 0, deadline)
     seen.append(j)
     return j
 
@@ -139,7 +140,7 @@ def embed(tables: EmbeddingTables, parts: list[tuple[list[int], list[tuple[int, 
           dtype: torch.dtype, compose: int = COMPOSE_TOKEN_PLUS_POSITION) -> list[torch.Tensor]:
     """Each part's rows from one ``embed_into`` call, in fresh output tensors."""
     outs = [torch.full((len(ids), tables.dim), float("nan"), dtype=dtype) for ids, _ in parts]
-    tables.embed_into([(torch.tensor(ids), spans, out)
+    tables.embed_into([(np.array(ids, dtype=np.int64), spans, out)
                        for (ids, spans), out in zip(parts, outs)], compose)
     return outs
 

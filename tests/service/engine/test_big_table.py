@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from service.engine.loading import load_model
@@ -37,7 +38,7 @@ def test_bf16_table_stays_a_memory_map(tmp_path: Path) -> None:
 def test_bf16_rows_gathered_straight_into_the_output(tmp_path: Path) -> None:
     model = load_model("m", _bf16_model(tmp_path), torch.device("cpu"), None)
     tables = model.tables
-    ids = torch.tensor([5, 999, 0, 5, 123])
+    ids = np.array([5, 999, 0, 5, 123], dtype=np.int64)
     out = torch.full((5, 64), float("nan"), dtype=torch.bfloat16)
     tables.embed_into([(ids, [(7, 5)], out)], COMPOSE_TOKEN_PLUS_POSITION)
     assert torch.equal(out.view(torch.int16), tables.token_table[ids].view(torch.int16))

@@ -10,6 +10,7 @@ import gc
 from collections.abc import Callable
 
 import grpc
+import numpy as np
 import pytest
 import torch
 
@@ -217,7 +218,7 @@ def test_device_write_equals_the_host_path(server: ServerHandle, dtype: str,
                            start_position=5).array.tobytes()
             plan = reg.plan(ALICE, "r", 256, (len(IDS), DIM), TORCH_DTYPES[dtype], "output")
             dest = plan.destination(lambda timing: "answer")
-            assert dest.lookup(tables, torch.tensor(IDS), [(5, len(IDS))],
+            assert dest.lookup(tables, np.array(IDS, dtype=np.int64), [(5, len(IDS))],
                                COMPOSES[compose]) is True
             assert dest.finish(None) == "answer"  # type: ignore[arg-type]
             got = reg.regions(ALICE, "r")[0].data[256: 256 + len(want)]
@@ -234,7 +235,7 @@ def test_padded_batch_zeroes_the_rows_past_each_sequence(server: ServerHandle) -
     seqs = [IDS[:3], IDS[3:4], IDS[4:6]]
     plan = reg.plan(ALICE, "r", 0, (3, 3, DIM), torch.float32, "outputs['embeddings']")
     dest = plan.destination(lambda timing: None, lengths=[3, 1, 2])
-    dest.lookup(tables, torch.tensor(IDS), [(0, 3), (0, 1), (0, 2)], 0)
+    dest.lookup(tables, np.array(IDS, dtype=np.int64), [(0, 3), (0, 1), (0, 2)], 0)
     rows = plan.rows  # (3, 3, C)
     with EmbeddingClient(server.target) as c:
         for b, ids in enumerate(seqs):
@@ -243,5 +244,5 @@ def test_padded_batch_zeroes_the_rows_past_each_sequence(server: ServerHandle) -
             assert not rows[b, len(ids):].any()
         same = reg.plan(ALICE, "r", 0, (2, 3, DIM), torch.float32, "x")
         same.destination(lambda timing: None, lengths=[3, 3]).lookup(
-            tables, torch.tensor(IDS), [(0, 3), (0, 3)], 0)
+            tables, np.array(IDS, dtype=np.int64), [(0, 3), (0, 3)], 0)
         assert torch.equal(same.rows[1], torch.from_numpy(c.embed(ids=IDS[3:]).array.copy()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 
@@ -60,8 +61,8 @@ def test_every_dtype_and_compose_equals_the_host_path(families: ServerHandle,
                 data.fill_(0xAB)
                 plan = reg.plan(Who(), "r", 64, want.shape, torch_dtype, "output")
                 plan.destination(lambda timing: None).lookup(
-                    tables, torch.tensor(FAMILY_IDS), [(start_position, len(FAMILY_IDS))],
-                    value)
+                    tables, np.array(FAMILY_IDS, dtype=np.int64),
+                    [(start_position, len(FAMILY_IDS))], value)
                 assert data[64: 64 + want.nbytes].numpy().tobytes() == want.tobytes(), \
                     (dtype, compose)
                 compared.append((dtype, compose, "equal"))

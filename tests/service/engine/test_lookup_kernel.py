@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,11 +38,13 @@ def embed_rows(lib: object, table: torch.Tensor, ids: torch.Tensor,
                position_table: torch.Tensor | None, positions: torch.Tensor | None,
                start: int, out: torch.Tensor, guarded: bool = False) -> None:
     """out (N, C) = table[ids] (+ position rows at ``positions``, or from ``start``): the
-    kernel on tensors, ``out``'s layout checked as the tables check theirs."""
+    kernel on tensors (ids and positions handed over as numpy, as the engine holds them),
+    ``out``'s layout checked as the tables check theirs."""
     assert out.is_contiguous()
     assert out.shape == (ids.shape[0], table.shape[1])
     kernel.KernelTables(lib, table, position_table).write(  # type: ignore[arg-type]
-        ids, positions, start, out.data_ptr(), out.numel() * out.element_size(),
+        ids.numpy(), None if positions is None else positions.numpy(), start,
+        out.data_ptr(), out.numel() * out.element_size(),
         kernel.OUT_KINDS[out.dtype], guarded)
 
 
@@ -73,7 +76,8 @@ def test_kernel_matches_torch_and_reference(tables: tuple[EmbeddingTables, Embed
     outs = {}
     for name, t in (("fast", fast), ("slow", slow)):
         out = torch.full((n, C), 7.0).to(dtype)
-        parts = [(ids[:k], half, out[:k])] + ([(ids[k:], rest, out[k:])] if rest else [])
+        host = ids.numpy()  # the engine's ids: numpy arrays
+        parts = [(host[:k], half, out[:k])] + ([(host[k:], rest, out[k:])] if rest else [])
         t.embed_into(parts, compose)
         outs[name] = out
     assert torch.equal(_bits(outs["fast"]), _bits(reference))
@@ -132,14 +136,16 @@ def test_kernel_refuses_memory_of_another_size_or_ids_of_another_type() -> None:
     table = torch.randn(10, 4)
     rows = kernel.KernelTables(lib, table, None)
     out = torch.zeros(3, 4)  # room for 3 rows of fp32
-    ids = torch.tensor([1, 2])
+    ids = np.array([1, 2], dtype=np.int64)
     for nbytes, kind in ((3 * 4 * 4, 0), (2 * 4 * 4 - 1, 0), (2 * 4 * 2, 0), (2 * 4 * 4, 1)):
         with pytest.raises(ValueError):  # one row too many, a byte short, half, or bf16
             rows.write(ids, None, 0, out.data_ptr(), nbytes, kind)
     with pytest.raises(ValueError):
-        rows.write(ids.to(torch.int32), None, 0, out.data_ptr(), 2 * 4 * 4, 0)
+        rows.write(ids.astype(np.int32), None, 0, out.data_ptr(), 2 * 4 * 4, 0)
+    with pytest.raises(ValueError):  # a torch tensor is not the engine's ids
+        rows.write(torch.tensor([1, 2]), None, 0, out.data_ptr(), 2 * 4 * 4, 0)  # type: ignore[arg-type]
     with pytest.raises(ValueError):  # positions of another length
-        rows.write(ids, torch.tensor([0, 1, 2]), 0, out.data_ptr(), 2 * 4 * 4, 0)
+        rows.write(ids, np.array([0, 1, 2], dtype=np.int64), 0, out.data_ptr(), 2 * 4 * 4, 0)
     assert torch.equal(out, torch.zeros(3, 4))
     rows.write(ids, None, 0, out.data_ptr(), 2 * 4 * 4, 0)
     assert torch.equal(out[:2], table[[1, 2]])

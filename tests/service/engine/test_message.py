@@ -86,7 +86,7 @@ def test_rows_written_by_address_equal_the_rows_written_through_the_tensor(
     slow._kernel = None
     assert fast._kernel is not None, "the kernel must build here (gcc is on this machine)"
     N = sum(t for _, t in spans)
-    ids = torch.randint(0, 50, (N,), generator=g)
+    ids = torch.randint(0, 50, (N,), generator=g).numpy()  # the engine's ids
     fields = pb.EmbedResponse(model="m", request_id="r")
     answers = []
     for tables in (fast, slow):

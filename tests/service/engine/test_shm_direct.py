@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,7 +45,7 @@ def test_rows_go_straight_into_the_mapping(tables: EmbeddingTables,
     registry = SharedMemoryRegistry()
     registry.register(_Caller(), "r", region.key, 0, region.byte_size)
     plan = registry.plan(_Caller(), "r", C * 4, (4, C), dtype, "output")  # at a row offset
-    ids = torch.tensor([3, 1, 4, 1])
+    ids = np.array([3, 1, 4, 1], dtype=np.int64)
     assert plan.lookup(tables, ids, [(2, 4)], COMPOSE_TOKEN_PLUS_POSITION)
     plan.write()  # nothing left to copy
     expected = (tables.token_table[ids] + tables.position_table[2:6]).to(dtype)  # type: ignore[index]
@@ -72,7 +73,8 @@ def test_a_shrink_racing_the_check_fails_that_request_only(
 
     monkeypatch.setattr(Region, "check", racing_check)
     with pytest.raises(FailedPrecondition, match="shrunk below the 32768"):
-        plan.lookup(tables, torch.arange(8), [(0, 8)], COMPOSE_TOKEN_PLUS_POSITION)
+        plan.lookup(tables, np.arange(8, dtype=np.int64), [(0, 8)], COMPOSE_TOKEN_PLUS_POSITION)
     # The process goes on, and a request that fits what is left is written.
     small = registry.plan(_Caller(), "r", 0, (2, C), torch.float32, "output")
-    assert small.lookup(tables, torch.tensor([5, 6]), [(0, 2)], COMPOSE_TOKEN_PLUS_POSITION)
+    assert small.lookup(tables, np.array([5, 6], dtype=np.int64), [(0, 2)],
+                        COMPOSE_TOKEN_PLUS_POSITION)
