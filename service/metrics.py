@@ -145,9 +145,12 @@ class LoopHistogram(_LoopMetric[_HistogramChild]):
 
 
 class Metrics:
-    """Every metric the service exports."""
+    """Every metric the service exports. With ``counting`` False (``--metrics-port -1``:
+    nothing can read them) the per-request series are never touched: the frame, admission
+    and the batcher skip them, so metrics that are off cost a request nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, counting: bool = True) -> None:
+        self.counting = counting  # False: no request updates a series (metrics are off)
         self._http: WSGIServer | None = None  # the /metrics endpoint, once served
         r = self.registry = CollectorRegistry()
         self.requests = LoopCounter(

@@ -54,7 +54,7 @@ class EmbeddingServer:
         self.device = resolve_device(config.device)
         if config.torch_threads > 0 and self.device.type == "cpu":
             torch.set_num_threads(config.torch_threads)
-        self.metrics = Metrics()
+        self.metrics = Metrics(counting=config.metrics_port >= 0)  # -1: off, never counted
         self.repo = Repository(config.model_repository, self.device,
                                None if config.table_dtype == "stored"
                                else BY_NAME[config.table_dtype].torch, config.default_model,
@@ -62,7 +62,8 @@ class EmbeddingServer:
                                # with no next poll a failing version cannot be "not ready yet"
                                config.load_grace_seconds if config.poll_seconds > 0 else 0.0)
         self.batcher = Batcher(config.max_batch_tokens, config.max_batch_delay_us,
-                               config.max_queue_tokens, self.metrics.observe_batch)
+                               config.max_queue_tokens,
+                               self.metrics.observe_batch if self.metrics.counting else None)
         self.metrics.queue_tokens.set_function(lambda: self.batcher.queued_tokens)
         threads = config.tokenize_threads or (os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="embed-tokenize")

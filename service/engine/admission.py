@@ -246,7 +246,8 @@ class Admission:
         ids: list[int] = await asyncio.get_running_loop().run_in_executor(
             self._pool, tokenizer.encode, text, allow_special, add_special)
         ns = time.perf_counter_ns() - t0
-        self._metrics.tokenize_duration.observe(ns / 1e9)
+        if self._metrics.counting:
+            self._metrics.tokenize_duration.observe(ns / 1e9)
         return ids, ns
 
     async def _tokens(self, model: LoadedModel, inp: Input,
@@ -279,7 +280,7 @@ class Admission:
             return []
         # a numpy view of the host flags: a third of torch's indexing and nonzero
         idx = np.flatnonzero(model.untrained.numpy()[ids]).tolist()  # indices i < T
-        if idx:
+        if idx and self._metrics.counting:
             self._metrics.untrained_lookups.labels(model.name).inc(len(idx))
         return idx
 
@@ -299,6 +300,8 @@ class Admission:
 
     def account(self, admitted: Admitted, job: Job) -> None:
         """Record a finished job's tokens, bytes and queue time (on the event loop)."""
+        if not self._metrics.counting:
+            return
         self._metrics.rows_returned(admitted.model.name, BY_WIRE[admitted.options.dtype].name,
                                     job.tokens, job.tokens * admitted.dim * admitted.itemsize,
                                     job.queue_ns / 1e9)

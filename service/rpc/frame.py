@@ -113,8 +113,10 @@ class Frame:
     async def run(self, call: Call, body: Callable[[], Awaitable[T]]) -> T:
         """Run ``body`` under the frame; a failure becomes ``Refused`` with its status."""
         metrics = self.engine.metrics
-        t0 = time.perf_counter()
-        metrics.inflight += 1
+        counting = metrics.counting  # False with metrics off: nothing of them is paid
+        t0 = time.perf_counter() if counting else 0.0
+        if counting:
+            metrics.inflight += 1
         code = grpc.StatusCode.INTERNAL  # a BaseException other than cancellation
         try:
             self.authorize(call)
@@ -133,9 +135,10 @@ class Frame:
         finally:
             # Counted before the status leaves: a client that scrapes right after its
             # error must see it in the metrics.
-            metrics.inflight -= 1
-            metrics.request_done(call.rpc, self._model_label(call.model), code.name,
-                                 time.perf_counter() - t0)
+            if counting:
+                metrics.inflight -= 1
+                metrics.request_done(call.rpc, self._model_label(call.model), code.name,
+                                     time.perf_counter() - t0)
 
     def _model_label(self, model: str) -> str:
         # A model name from the request becomes a label only if it is loaded: clients

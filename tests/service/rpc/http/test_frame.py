@@ -225,6 +225,45 @@ def test_http_and_grpc_share_one_batch_and_the_metrics(tiny_repo: Path) -> None:
     assert 'embed_requests_total{code="OK",model="tiny",rpc="http/ModelInfer"} 1.0' in text
 
 
+def test_metrics_off_count_nothing_and_answer_the_same(tiny_repo: Path) -> None:
+    """``--metrics-port -1``: no request touches a series (off costs nothing per request),
+    and every answer is the one a server counting its metrics gives."""
+    answers = {}
+    for port in (0, -1):
+        handle = start(tiny_repo, metrics_port=port)
+        try:
+            http = [request(handle.http_port, "POST", INFER, body) for body in (
+                infer_body([[1, 2, 3, 4]]), infer_body(texts=["hello world"]),
+                infer_body([[1, 2, 10**6]]))]
+            with grpc.insecure_channel(handle.target) as channel:
+                stub = pb_grpc.EmbeddingServiceStub(channel)
+                native = stub.Embed(pb.EmbedRequest(token_ids=pb.TokenIds(ids=[5, 6, 7])))
+                streamed = list(stub.EmbedStream(iter([pb.EmbedRequest(text="hi")])))
+            metrics = handle.server.metrics
+        finally:
+            handle.stop()
+        answers[port] = ([(r.status, r.body) for r in http], native.embeddings.data,
+                         [m.embeddings.data for m in streamed])
+        if port == -1:
+            assert metrics.counting is False
+            for series in (metrics.requests, metrics.request_duration, metrics.tokens,
+                           metrics.output_bytes, metrics.compute_duration,
+                           metrics.untrained_lookups):
+                assert series._children == {}, series.name
+            for histogram in (metrics.queue_duration, metrics.tokenize_duration,
+                              metrics.batch_tokens, metrics.batch_requests):
+                child = histogram._children[()]
+                assert (sum(child.counts), child.sum) == (0, 0.0), histogram.name
+            assert metrics.inflight == 0
+        else:
+            assert metrics.requests._children[("http/ModelInfer", "tiny", "OK")].value == 2
+            assert metrics.requests._children[
+                ("http/ModelInfer", "tiny", "INVALID_ARGUMENT")].value == 1
+            assert sum(metrics.tokenize_duration._children[()].counts) == 2
+    assert [status for status, _ in answers[-1][0]] == [200, 200, 400]
+    assert answers[-1] == answers[0]
+
+
 def test_traceparent_makes_the_server_span_a_child(tiny_repo: Path) -> None:
     exporter = InMemorySpanExporter()
     with pytest.MonkeyPatch.context() as mp:
